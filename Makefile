@@ -1,0 +1,30 @@
+# Ragline: `make up` runs the local stack, `make test` runs every check against it.
+SHELL := /bin/bash
+VENV ?= .venv
+STACK := bash deploy/local/stack.sh
+
+.PHONY: install up down status test lint format clean-state
+
+install:  ## venv, Python packages, Debian packages and OpenSearch artifacts (idempotent)
+	@bash deploy/local/setup.sh
+
+up: install  ## start OpenSearch (k-NN), Redis and a worker on 127.0.0.1
+	@$(VENV)/bin/ragline up
+
+down:  ## stop the local stack
+	@$(STACK) down
+
+status:  ## report each local service
+	@$(STACK) status
+
+test: install  ## ruff, mypy --strict and pytest (unit, integration, e2e) against the real stack
+	@bash deploy/local/test.sh
+
+lint: install
+	@$(VENV)/bin/ruff check . && $(VENV)/bin/ruff format --check . && $(VENV)/bin/mypy
+
+format: install
+	@$(VENV)/bin/ruff format . && $(VENV)/bin/ruff check --fix .
+
+clean-state: down  ## delete local data (OpenSearch indexes, Redis, blobs, logs)
+	rm -rf .ragline

@@ -1,0 +1,62 @@
+# Helpers shared by the local-stack scripts (sourced, not run).
+# shellcheck shell=bash
+
+REPO_ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
+STATE_DIR=${RAGLINE_STATE_DIR:-$REPO_ROOT/.ragline}
+VENV=${RAGLINE_VENV:-$REPO_ROOT/.venv}
+LOG_DIR=$STATE_DIR/logs
+mkdir -p "$STATE_DIR" "$LOG_DIR"
+
+say() { printf '%s\n' "$*"; }
+die() { printf 'error: %s\n' "$*" >&2; exit 1; }
+
+# pid_running PIDFILE: true when the file names a live process; removes a stale file.
+pid_running() {
+  local pidfile=$1 pid
+  [ -f "$pidfile" ] || return 1
+  pid=$(cat "$pidfile" 2>/dev/null || true)
+  if [ -n "$pid" ] && kill -0 "$pid" 2>/dev/null; then
+    return 0
+  fi
+  rm -f "$pidfile"
+  return 1
+}
+
+# stop_pidfile PIDFILE NAME [GRACE_SECONDS]: SIGTERM the process group, then SIGKILL after the grace.
+stop_pidfile() {
+  local pidfile=$1 name=$2 grace=${3:-30} pid i
+  if ! pid_running "$pidfile"; then
+    say "$name: not running"
+    return 0
+  fi
+  pid=$(cat "$pidfile")
+  # Each service is started in its own session (setsid), so the group holds its children too.
+  kill -TERM -- "-$pid" 2>/dev/null || kill -TERM "$pid" 2>/dev/null || true
+  for ((i = 0; i < grace * 10; i++)); do
+    kill -0 "$pid" 2>/dev/null || break
+    sleep 0.1
+  done
+  if kill -0 "$pid" 2>/dev/null; then
+    say "$name: did not stop within ${grace}s, killing"
+    kill -KILL -- "-$pid" 2>/dev/null || kill -KILL "$pid" 2>/dev/null || true
+  fi
+  # Children left in the group (e.g. pool processes) go too.
+  kill -KILL -- "-$pid" 2>/dev/null || true
+  rm -f "$pidfile"
+  say "$name: stopped"
+}
+
+# wait_until SECONDS NAME LOGFILE COMMAND...: poll COMMAND until it succeeds, else fail with the log tail.
+wait_until() {
+  local timeout=$1 name=$2 logfile=$3 i
+  shift 3
+  for ((i = 0; i < timeout * 2; i++)); do
+    if "$@" >/dev/null 2>&1; then
+      return 0
+    fi
+    sleep 0.5
+  done
+  printf 'error: %s did not become healthy within %ss; last lines of %s:\n' "$name" "$timeout" "$logfile" >&2
+  tail -n 40 "$logfile" >&2 2>/dev/null || true
+  return 1
+}

@@ -1,0 +1,42 @@
+#!/usr/bin/env bash
+# Installs what Ragline needs on this machine, idempotently: Debian packages, the .venv with the
+# project and its dev extra, and the OpenSearch artifacts. A second run does only what changed.
+set -euo pipefail
+HERE=$(dirname "${BASH_SOURCE[0]}")
+source "$HERE/lib.sh"
+
+APT_PACKAGES=(redis-server)
+PYTHON=${PYTHON:-python3.11}
+command -v "$PYTHON" >/dev/null || PYTHON=python3
+
+install_apt() {
+  local missing=() pkg
+  for pkg in "${APT_PACKAGES[@]}"; do
+    dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q "ok installed" || missing+=("$pkg")
+  done
+  [ ${#missing[@]} -eq 0 ] && return 0
+  say "setup: apt-get install ${missing[*]}"
+  local sudo=""
+  [ "$(id -u)" -eq 0 ] || sudo="sudo"
+  $sudo apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+}
+
+install_venv() {
+  local stamp=$VENV/.ragline-installed want
+  want=$(cat "$REPO_ROOT/pyproject.toml" "$REPO_ROOT"/constraints.txt 2>/dev/null | sha256sum | cut -d' ' -f1)
+  if [ -x "$VENV/bin/python" ] && [ "$(cat "$stamp" 2>/dev/null)" = "$want" ]; then
+    return 0
+  fi
+  [ -x "$VENV/bin/python" ] || "$PYTHON" -m venv "$VENV"
+  say "setup: installing Python packages into $VENV"
+  "$VENV/bin/python" -m pip install -q --upgrade pip
+  local constraints=()
+  [ -f "$REPO_ROOT/constraints.txt" ] && constraints=(-c "$REPO_ROOT/constraints.txt")
+  "$VENV/bin/python" -m pip install -q "${constraints[@]}" -e "$REPO_ROOT[dev]"
+  echo "$want" >"$stamp"
+}
+
+install_apt
+install_venv
+bash "$HERE/opensearch.sh" install

@@ -1,0 +1,42 @@
+#!/usr/bin/env bash
+# The test run: starts the local services that are not running, runs the linters and every test
+# layer against them, then stops only what it started. Exits non-zero on any failure.
+set -uo pipefail
+HERE=$(dirname "${BASH_SOURCE[0]}")
+source "$HERE/lib.sh"
+cd "$REPO_ROOT"
+
+SERVICES=(opensearch redis worker)
+started=()
+
+cleanup() {
+  local i
+  for ((i = ${#started[@]} - 1; i >= 0; i--)); do bash "$HERE/stack.sh" down "${started[$i]}"; done
+}
+trap cleanup EXIT
+
+for s in "${SERVICES[@]}"; do
+  if ! bash "$HERE/stack.sh" status "$s" >/dev/null; then
+    bash "$HERE/stack.sh" up "$s" || { echo "error: could not start $s" >&2; exit 1; }
+    started+=("$s")
+  fi
+done
+
+export HF_HUB_OFFLINE=1 DO_NOT_TRACK=1
+failed=()
+step() {
+  local name=$1
+  shift
+  printf '\n== %s\n' "$name"
+  "$@" || failed+=("$name")
+}
+step "ruff check" "$VENV/bin/ruff" check .
+step "ruff format" "$VENV/bin/ruff" format --check .
+step "mypy --strict" "$VENV/bin/mypy"
+step "pytest" "$VENV/bin/pytest" tests/unit tests/integration tests/e2e
+
+if [ ${#failed[@]} -gt 0 ]; then
+  printf '\nFAILED: %s\n' "${failed[*]}"
+  exit 1
+fi
+printf '\nall checks passed\n'

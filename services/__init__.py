@@ -1,0 +1,1 @@
+"""Ragline's fronts: the REST API, the MCP server and the `ragline` command."""

@@ -1,0 +1,110 @@
+"""The `ragline` command."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from typing import Annotated
+
+import typer
+
+from shared.config import REPO_ROOT, ConfigError, Settings, get_settings
+
+app = typer.Typer(
+    name="ragline",
+    help="Ragline: ingestion and hybrid retrieval for AI agents.",
+    no_args_is_help=True,
+    add_completion=False,
+)
+
+STACK_SCRIPT = REPO_ROOT / "deploy" / "local" / "stack.sh"
+Services = Annotated[
+    list[str] | None,
+    typer.Argument(help="Services to act on (opensearch, redis, worker); default: all."),
+]
+
+
+def _settings() -> Settings:
+    try:
+        return get_settings()
+    except ConfigError as error:
+        typer.echo(str(error), err=True)
+        raise typer.Exit(2) from None
+
+
+def _run_stack(command: str, services: list[str] | None) -> None:
+    if not STACK_SCRIPT.is_file():
+        typer.echo(f"local stack scripts not found at {STACK_SCRIPT}; run from a source checkout", err=True)
+        raise typer.Exit(2)
+    result = subprocess.run(["bash", str(STACK_SCRIPT), command, *(services or [])], check=False)
+    raise typer.Exit(result.returncode)
+
+
+@app.command()
+def up(services: Services = None) -> None:
+    """Start the local stack on 127.0.0.1 and wait until each service is healthy."""
+    _settings()
+    _run_stack("up", services)
+
+
+@app.command()
+def down(services: Services = None) -> None:
+    """Stop the local stack; no process is left behind."""
+    _run_stack("down", services)
+
+
+@app.command()
+def status(services: Services = None) -> None:
+    """Report whether each local service runs and where it listens."""
+    _run_stack("status", services)
+
+
+@app.command()
+def worker(
+    name: Annotated[str, typer.Option(help="Node name prefix of this worker.")] = "worker",
+    queues: Annotated[
+        str | None, typer.Option(help="Comma-separated queues, highest priority first.")
+    ] = None,
+    concurrency: Annotated[int | None, typer.Option(min=1, help="Worker processes.")] = None,
+    loglevel: Annotated[str | None, typer.Option(help="Log level (default: RAGLINE_LOG_LEVEL).")] = None,
+    pidfile: Annotated[str | None, typer.Option(help="Write the worker's pid to this file.")] = None,
+) -> None:
+    """Run a Celery worker of the ingestion pipeline in the foreground."""
+    settings = _settings()
+    # Exec Celery on the worker app by name: services never import worker code.
+    argv = [
+        sys.executable,
+        "-m",
+        "celery",
+        "--app=workers.celery_app:app",
+        "worker",
+        f"--hostname={name}@%h",
+        f"--queues={queues or ','.join(settings.celery.queues)}",
+        f"--concurrency={concurrency or settings.celery.worker_concurrency}",
+        f"--loglevel={loglevel or settings.log_level}",
+        "--without-gossip",
+        "--without-mingle",
+    ]
+    if pidfile:
+        argv.append(f"--pidfile={pidfile}")
+    os.chdir(REPO_ROOT)
+    os.execv(sys.executable, argv)  # noqa: S606  (replace this process: pid files stay valid)
+
+
+@app.command("config")
+def show_config() -> None:
+    """Print the effective configuration as JSON (secrets hidden)."""
+    settings = _settings()
+    typer.echo(json.dumps(settings.model_dump(mode="json"), indent=2))
+
+
+def main() -> None:
+    """Entry point of the console script."""
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    app()
+
+
+if __name__ == "__main__":
+    main()

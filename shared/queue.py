@@ -1,0 +1,37 @@
+"""Sending work to the workers by task name, so that services never import worker code."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from celery import Celery
+from celery.result import AsyncResult
+
+from shared.config import Settings
+
+
+def broker_client(settings: Settings) -> Celery:
+    """A Celery app used only to send tasks by name to the configured broker."""
+    app = Celery("ragline-sender", broker=settings.redis.url, backend=settings.redis.url)
+    app.conf.broker_transport_options = {"visibility_timeout": settings.celery.visibility_timeout_s}
+    app.conf.broker_connection_retry_on_startup = True
+    return app
+
+
+def enqueue(
+    app: Celery,
+    settings: Settings,
+    task_name: str,
+    *,
+    args: tuple[Any, ...] = (),
+    kwargs: dict[str, Any] | None = None,
+    queue: str,
+) -> AsyncResult[Any]:
+    """Send one task by name; every send carries an expiry so a stale backlog never runs."""
+    return app.send_task(
+        task_name,
+        args=args,
+        kwargs=kwargs or {},
+        queue=queue,
+        expires=settings.celery.task_expires_s,
+    )

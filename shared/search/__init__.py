@@ -1,0 +1,1 @@
+"""OpenSearch access: client, index schema and hybrid search."""

@@ -1,0 +1,23 @@
+"""The OpenSearch client, configured from settings."""
+
+from __future__ import annotations
+
+from opensearchpy import OpenSearch
+
+from shared.config import OpenSearchSettings
+
+
+def build_client(settings: OpenSearchSettings) -> OpenSearch:
+    """A client for the configured cluster; retries connection errors and timeouts a few times."""
+    auth = None
+    if settings.username is not None and settings.password is not None:
+        auth = (settings.username, settings.password.get_secret_value())
+    return OpenSearch(
+        hosts=[settings.url],
+        http_auth=auth,
+        verify_certs=settings.verify_certs,
+        timeout=settings.timeout_s,
+        max_retries=3,
+        retry_on_timeout=True,
+        http_compress=True,
+    )

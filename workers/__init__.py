@@ -1,0 +1,1 @@
+"""Ragline's Celery workers: the ingestion pipeline."""

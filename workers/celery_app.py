@@ -1,0 +1,59 @@
+"""The Celery application of the Ragline workers, with the reliability settings of DESIGN.md section 5."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from celery import Celery
+from kombu import Queue
+
+from shared.config import Settings, get_settings
+
+
+def celery_config(settings: Settings) -> dict[str, Any]:
+    """Celery settings derived from Ragline's settings."""
+    celery = settings.celery
+    return {
+        "broker_url": settings.redis.url,
+        # Results only serve health checks and tests: the document registry is the status store.
+        "result_backend": settings.redis.url,
+        "result_expires": 3600,
+        "task_serializer": "json",
+        "result_serializer": "json",
+        "accept_content": ["json"],
+        # A task is acknowledged after it ran, and a worker that dies mid-task (SIGKILL, OOM)
+        # puts it back: with the Redis broker acks_late alone does not do that.
+        "task_acks_late": True,
+        "task_reject_on_worker_lost": True,
+        # Long tasks: never hold a second message that another worker could be running.
+        "worker_prefetch_multiplier": 1,
+        # Redis redelivers an unacknowledged task after the visibility timeout; it must outlast
+        # the slowest task or that task runs twice.
+        "broker_transport_options": {
+            "visibility_timeout": celery.visibility_timeout_s,
+            # Serve queues in the order the worker lists them: interactive before bulk.
+            "queue_order_strategy": "priority",
+        },
+        "result_backend_transport_options": {"visibility_timeout": celery.visibility_timeout_s},
+        "worker_cancel_long_running_tasks_on_connection_loss": True,
+        "broker_connection_retry_on_startup": True,
+        "task_soft_time_limit": celery.soft_time_limit_s,
+        "task_time_limit": celery.time_limit_s,
+        "task_queues": [Queue(name) for name in celery.queues],
+        "task_default_queue": celery.queues[-1],
+        "worker_concurrency": celery.worker_concurrency,
+        "worker_hijack_root_logger": False,
+        "worker_send_task_events": False,
+        "task_send_sent_event": False,
+    }
+
+
+def create_app(settings: Settings | None = None) -> Celery:
+    """Build the worker's Celery app and register its tasks."""
+    app = Celery("ragline")
+    app.conf.update(celery_config(settings or get_settings()))
+    app.autodiscover_tasks(["workers"], related_name="tasks", force=True)
+    return app
+
+
+app = create_app()
