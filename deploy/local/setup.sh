@@ -24,7 +24,7 @@ install_apt() {
 
 install_venv() {
   local stamp=$VENV/.ragline-installed want
-  want=$(cat "$REPO_ROOT/pyproject.toml" "$REPO_ROOT"/constraints.txt 2>/dev/null | sha256sum | cut -d' ' -f1)
+  want=$(cat "$REPO_ROOT/pyproject.toml" $(ls "$REPO_ROOT"/constraints.txt 2>/dev/null) | sha256sum | cut -d' ' -f1)
   if [ -x "$VENV/bin/python" ] && [ "$(cat "$stamp" 2>/dev/null)" = "$want" ]; then
     return 0
   fi
