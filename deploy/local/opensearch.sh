@@ -496,13 +496,21 @@ start() {
   write_config
   : >"$STDOUT_LOG"
   LOG_OFFSET=$(($(stat -c %s "$LOGS_DIR/$CLUSTER_NAME.log" 2>/dev/null || echo 0) + 1))
-  local prefix="" os_home
+  local prefix="" os_home=$HOME_DIR
   if [ "$(id -u)" -eq 0 ]; then
-    ensure_service_user
-    chown -R "$SERVICE_USER:" "$CONF_DIR" "$DATA_DIR" "$LOGS_DIR" "$TMP_DIR"
-    prefix="setpriv --reuid=$(id -u "$SERVICE_USER") --regid=$(id -g "$SERVICE_USER") --clear-groups"
+    if unshare --user --map-user=1000 --map-group=1000 true 2>/dev/null; then
+      # A user namespace: the JVM sees an unprivileged uid (OpenSearch refuses root), while the
+      # kernel still checks files as their root owner, so any state dir and cache path works.
+      prefix="unshare --user --map-user=1000 --map-group=1000"
+      # State written by an earlier service-user run must belong to root again.
+      find "$CONF_DIR" "$DATA_DIR" "$LOGS_DIR" "$TMP_DIR" ! -uid 0 -exec chown 0:0 {} + 2>/dev/null || true
+    else
+      ensure_service_user
+      chown -R "$SERVICE_USER:" "$CONF_DIR" "$DATA_DIR" "$LOGS_DIR" "$TMP_DIR"
+      prefix="setpriv --reuid=$(id -u "$SERVICE_USER") --regid=$(id -g "$SERVICE_USER") --clear-groups"
+      os_home=$(runtime_home)
+    fi
   fi
-  os_home=$(runtime_home)
 
   local jvm_opts
   jvm_opts=$(grep -v '^#' "$CONF_DIR/jvm.options" | tr '\n' ' ')
