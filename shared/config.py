@@ -40,7 +40,8 @@ class ConfigError(Exception):
 
 class _Section(BaseModel):
     # Unknown keys are typos more often than not: refuse them instead of ignoring them.
-    model_config = {"extra": "forbid"}
+    # Frozen: configuration does not change at run time, and sections can key caches.
+    model_config = {"extra": "forbid", "frozen": True}
 
 
 class OpenSearchSettings(_Section):
@@ -146,6 +147,26 @@ class EmbeddingSettings(_Section):
     )
 
 
+class ParseSettings(_Section):
+    """Limits of the isolated parser: a hostile file fails its document, never the worker."""
+
+    timeout_s: float = Field(120.0, gt=0, le=3600, description="Wall-clock limit of one parse.")
+    memory_mb: int = Field(2048, ge=128, le=65536, description="Extra memory a parse may map.")
+    max_text_chars: int = Field(
+        20_000_000, ge=1000, description="Most characters of text one document may expand to."
+    )
+    ocr: bool = Field(True, description="OCR PDF pages without a text layer when tesseract is installed.")
+
+
+class PiiSettings(_Section):
+    """Deployment-wide PII options; the policy itself is per knowledge base."""
+
+    score_threshold: float = Field(0.3, ge=0, le=1, description="Lowest Presidio score acted on.")
+    hash_secret: SecretStr | None = Field(
+        None, description="HMAC key of the 'hash' policy; a random key in the state dir when unset."
+    )
+
+
 class Settings(BaseSettings):
     """All of Ragline's configuration."""
 
@@ -172,6 +193,8 @@ class Settings(BaseSettings):
     redis: RedisSettings = Field(default_factory=RedisSettings)
     celery: CelerySettings = Field(default_factory=CelerySettings)
     embedding: EmbeddingSettings = Field(default_factory=EmbeddingSettings)
+    parse: ParseSettings = Field(default_factory=ParseSettings)
+    pii: PiiSettings = Field(default_factory=PiiSettings)
 
     @classmethod
     def settings_customise_sources(

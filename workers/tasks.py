@@ -1,4 +1,4 @@
-"""Celery tasks of the Ragline workers."""
+"""Celery tasks of the Ragline workers: a health ping and the pipeline stage hop."""
 
 from __future__ import annotations
 
@@ -6,10 +6,28 @@ import os
 import socket
 from typing import Any
 
-from celery import shared_task
+from celery import Task, shared_task
+
+from shared.ingest import STAGE_TASK, StageRef
+from shared.models import Stage
+from workers.context import worker_context
+from workers.pipeline import STAGE_FUNCTIONS
+from workers.runner import Retry, run_stage
 
 
 @shared_task(name="ragline.ping", acks_late=False)
 def ping(payload: str = "") -> dict[str, Any]:
     """Answer from inside a worker process: proves broker, worker and result backend work."""
     return {"payload": payload, "hostname": socket.gethostname(), "pid": os.getpid()}
+
+
+@shared_task(name=STAGE_TASK, bind=True, max_retries=None, ignore_result=True)
+def stage(
+    self: Task[Any, Any], *, tenant_id: str, kb_id: str, doc_id: str, content_version: int, stage: str
+) -> None:
+    """Run one stage for one document, then enqueue the next (see workers/runner.py)."""
+    ref = StageRef(tenant_id, kb_id, doc_id, content_version, Stage(stage))
+    try:
+        run_stage(worker_context(), ref, STAGE_FUNCTIONS[ref.stage], retries_done=self.request.retries)
+    except Retry as retry:
+        raise self.retry(countdown=retry.countdown) from None

@@ -5,7 +5,8 @@ set -euo pipefail
 HERE=$(dirname "${BASH_SOURCE[0]}")
 source "$HERE/lib.sh"
 
-APT_PACKAGES=(redis-server)
+# tesseract and poppler: OCR of PDF pages without a text layer.
+APT_PACKAGES=(redis-server tesseract-ocr tesseract-ocr-eng poppler-utils)
 PYTHON=${PYTHON:-python3.11}
 command -v "$PYTHON" >/dev/null || PYTHON=python3
 
@@ -34,6 +35,9 @@ install_venv() {
   local constraints=()
   [ -f "$REPO_ROOT/constraints.txt" ] && constraints=(-c "$REPO_ROOT/constraints.txt")
   "$VENV/bin/python" -m pip install -q "${constraints[@]}" -e "$REPO_ROOT[dev]"
+  # unstructured imports unstructured_inference even for the fast PDF strategy, but its own
+  # dependencies (timm, torchvision, accelerate) serve only hi_res, which Ragline never uses.
+  "$VENV/bin/python" -m pip install -q "${constraints[@]}" --no-deps unstructured-inference
   echo "$want" >"$stamp"
 }
 

@@ -22,7 +22,7 @@ for s in "${SERVICES[@]}"; do
   fi
 done
 
-export HF_HUB_OFFLINE=1 DO_NOT_TRACK=1
+export HF_HUB_OFFLINE=1 DO_NOT_TRACK=1 ORT_DISABLE_TELEMETRY=1 TLDEXTRACT_PUBLIC_SUFFIX_LIST_URLS=""
 failed=()
 step() {
   local name=$1

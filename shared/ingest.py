@@ -1,0 +1,210 @@
+"""Submitting documents: the one entry point every front (REST, MCP, CLI) uses.
+
+The bytes are stored durably first, then the registry records the document as `queued`, then
+the first stage is enqueued. If the enqueue is lost (broker down), the record stays `queued`
+with an expired lease and the reconciler sends it again, so an accepted document is never lost.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterable
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import Any
+
+from celery import Celery
+
+from shared.blobs import BlobStore
+from shared.config import Settings
+from shared.errors import ErrorCode, RaglineError
+from shared.models import DocStatus, Document, Outcome, Stage, safe_doc_id, utcnow
+from shared.queue import enqueue
+from shared.registry import Conflict, Registry, Versioned
+from shared.search.chunks import delete_generations
+from shared.search.schema import chunks_alias
+
+log = logging.getLogger(__name__)
+
+STAGE_TASK = "ragline.stage"
+QUEUE_LEASE = timedelta(minutes=30)
+
+
+@dataclass(frozen=True)
+class SubmitResult:
+    doc_id: str
+    outcome: Outcome
+    status: DocStatus
+    content_version: int
+
+
+@dataclass(frozen=True)
+class StageRef:
+    """What a stage task needs to find its document: small, so the broker never carries content."""
+
+    tenant_id: str
+    kb_id: str
+    doc_id: str
+    content_version: int
+    stage: Stage
+
+    def as_kwargs(self) -> dict[str, Any]:
+        return {
+            "tenant_id": self.tenant_id,
+            "kb_id": self.kb_id,
+            "doc_id": self.doc_id,
+            "content_version": self.content_version,
+            "stage": self.stage.value,
+        }
+
+
+class Ingestor:
+    """Accepts documents into knowledge bases and starts their pipeline."""
+
+    def __init__(self, settings: Settings, registry: Registry, blobs: BlobStore, sender: Celery) -> None:
+        self.settings = settings
+        self.registry = registry
+        self.client = registry.client
+        self.blobs = blobs
+        self.sender = sender
+
+    def submit(
+        self,
+        tenant_id: str,
+        kb_id: str,
+        data: bytes | Iterable[bytes],
+        *,
+        filename: str | None = None,
+        mime_type: str | None = None,
+        doc_id: str | None = None,
+        metadata: dict[str, Any] | None = None,
+        source_uri: str | None = None,
+        batch_id: str | None = None,
+        queue: str = "bulk",
+        max_bytes: int | None = None,
+    ) -> SubmitResult:
+        """Store the bytes, register the document and enqueue its first stage."""
+        self.registry.get_kb(tenant_id, kb_id)  # NOT_FOUND before any byte is stored
+        if queue not in self.settings.celery.queues:
+            raise RaglineError(f"unknown queue '{queue}'", code=ErrorCode.INVALID_ARGUMENT)
+        blob = self.blobs.put(data, max_bytes=max_bytes)
+        final_id = doc_id or safe_doc_id(filename or f"doc-{blob.sha256[:16]}")
+        for _ in range(5):
+            try:
+                return self._register(
+                    tenant_id,
+                    kb_id,
+                    final_id,
+                    blob.sha256,
+                    blob.size,
+                    filename,
+                    mime_type,
+                    metadata or {},
+                    source_uri or filename,
+                    batch_id,
+                    queue,
+                )
+            except Conflict:
+                continue  # someone else wrote the record in between: read it again
+        raise RaglineError(f"document '{final_id}' is being changed concurrently", code=ErrorCode.CONFLICT)
+
+    def _register(
+        self,
+        tenant_id: str,
+        kb_id: str,
+        doc_id: str,
+        sha256: str,
+        size: int,
+        filename: str | None,
+        mime_type: str | None,
+        metadata: dict[str, Any],
+        source_uri: str | None,
+        batch_id: str | None,
+        queue: str,
+    ) -> SubmitResult:
+        current = self.registry.get_doc(tenant_id, kb_id, doc_id)
+        if current is not None and _unchanged(current.doc, sha256, metadata):
+            return SubmitResult(doc_id, Outcome.UNCHANGED, current.doc.status, current.doc.content_version)
+        now = utcnow()
+        doc = Document(
+            tenant_id=tenant_id,
+            kb_id=kb_id,
+            doc_id=doc_id,
+            content_hash=sha256,
+            file_size=size,
+            filename=filename,
+            mime_type=mime_type,
+            source_uri=source_uri,
+            metadata=metadata,
+            batch_id=batch_id,
+            queue=queue,
+            lease_until=now + QUEUE_LEASE,
+            transitions=[{"status": DocStatus.QUEUED.value, "at": now.isoformat()}],
+        )
+        if current is None:
+            stored = self.registry.create_doc(doc)
+            outcome = Outcome.CREATED
+        else:
+            previous = current.doc
+            doc.content_version = previous.content_version + 1
+            # Readers keep seeing the previous version's chunks until the new one is ready.
+            doc.active_generation = previous.active_generation
+            doc.chunk_count = previous.chunk_count
+            doc.created_at = previous.created_at
+            stored = self.registry.replace_doc(current, doc)
+            outcome = Outcome.CREATED if previous.status == DocStatus.DELETED else Outcome.UPDATED
+        self._start(stored)
+        return SubmitResult(doc_id, outcome, DocStatus.QUEUED, doc.content_version)
+
+    def delete(self, tenant_id: str, kb_id: str, doc_id: str) -> Document:
+        """Remove a document's chunks from both search paths and mark it `deleted`.
+
+        The content version is bumped first, so any stage still running for the document finds
+        itself superseded and writes nothing.
+        """
+        for _ in range(5):
+            current = self.registry.require_doc(tenant_id, kb_id, doc_id)
+            doc = current.doc.model_copy(deep=True)
+            if doc.status == DocStatus.DELETED:
+                return doc
+            doc.content_version += 1
+            doc.status = DocStatus.DELETING
+            doc.claimed_by = None
+            doc.lease_until = utcnow() + QUEUE_LEASE
+            doc.transitions = [
+                *doc.transitions,
+                {"status": DocStatus.DELETING.value, "at": utcnow().isoformat()},
+            ]
+            try:
+                deleting = self.registry.replace_doc(current, doc)
+                break
+            except Conflict:
+                continue
+        else:
+            raise RaglineError(f"document '{doc_id}' is being changed concurrently", code=ErrorCode.CONFLICT)
+        delete_generations(self.client, chunks_alias(self.settings), tenant_id, kb_id, doc_id, keep=None)
+        done = deleting.doc.model_copy(deep=True)
+        done.status = DocStatus.DELETED
+        done.active_generation = None
+        done.chunk_count = 0
+        done.lease_until = None
+        done.transitions = [
+            *done.transitions,
+            {"status": DocStatus.DELETED.value, "at": utcnow().isoformat()},
+        ]
+        self.registry.replace_doc(deleting, done)
+        return done
+
+    def _start(self, stored: Versioned) -> None:
+        doc = stored.doc
+        ref = StageRef(doc.tenant_id, doc.kb_id, doc.doc_id, doc.content_version, Stage.PARSE)
+        try:
+            enqueue(self.sender, self.settings, STAGE_TASK, kwargs=ref.as_kwargs(), queue=doc.queue)
+        except Exception:  # the broker is down: the reconciler re-sends after the lease
+            log.warning("enqueue failed for %s/%s; the reconciler will retry", doc.kb_id, doc.doc_id)
+
+
+def _unchanged(doc: Document, sha256: str, metadata: dict[str, Any]) -> bool:
+    if doc.content_hash != sha256 or doc.status in (DocStatus.FAILED, DocStatus.DELETED, DocStatus.DELETING):
+        return False
+    return not metadata or metadata == doc.metadata

@@ -1,0 +1,164 @@
+"""The records Ragline stores and returns: knowledge bases, documents and their status."""
+
+from __future__ import annotations
+
+import re
+from datetime import UTC, datetime
+from enum import StrEnum
+from typing import Any
+
+from pydantic import BaseModel, Field, field_validator
+
+ID_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._~-]{0,127}$"
+_DOC_ID_UNSAFE = re.compile(r"[^A-Za-z0-9._~/-]+")
+
+
+def utcnow() -> datetime:
+    return datetime.now(UTC)
+
+
+class DocStatus(StrEnum):
+    """Lifecycle of a document (DESIGN.md section 4)."""
+
+    QUEUED = "queued"
+    PARSING = "parsing"
+    CHUNKING = "chunking"
+    ENRICHING = "enriching"
+    REDACTING = "redacting"
+    EMBEDDING = "embedding"
+    INDEXING = "indexing"
+    READY = "ready"
+    FAILED = "failed"
+    DELETING = "deleting"
+    DELETED = "deleted"
+
+    @property
+    def terminal(self) -> bool:
+        return self in (DocStatus.READY, DocStatus.FAILED, DocStatus.DELETED)
+
+
+class Stage(StrEnum):
+    """Pipeline stages, in order. Each has one module in workers/stages/."""
+
+    PARSE = "parse"
+    CHUNK = "chunk"
+    ENRICH = "enrich"
+    PII = "pii"
+    EMBED = "embed"
+    STORE = "store"
+
+
+PIPELINE: tuple[Stage, ...] = tuple(Stage)
+STAGE_STATUS: dict[Stage, DocStatus] = {
+    Stage.PARSE: DocStatus.PARSING,
+    Stage.CHUNK: DocStatus.CHUNKING,
+    Stage.ENRICH: DocStatus.ENRICHING,
+    Stage.PII: DocStatus.REDACTING,
+    Stage.EMBED: DocStatus.EMBEDDING,
+    Stage.STORE: DocStatus.INDEXING,
+}
+
+
+class Outcome(StrEnum):
+    """What a submit did."""
+
+    CREATED = "created"
+    UNCHANGED = "unchanged"
+    UPDATED = "updated"
+
+
+class PiiPolicy(StrEnum):
+    REDACT = "redact"
+    MASK = "mask"
+    HASH = "hash"
+    BLOCK = "block"
+    OFF = "off"
+
+
+DEFAULT_PII_ENTITIES = [
+    "EMAIL_ADDRESS",
+    "PHONE_NUMBER",
+    "CREDIT_CARD",
+    "PERSON",
+    "IBAN_CODE",
+    "IP_ADDRESS",
+    "US_SSN",
+]
+
+
+class KbSettings(BaseModel):
+    """Per-knowledge-base processing settings."""
+
+    model_config = {"extra": "forbid"}
+
+    chunk_size: int = Field(256, ge=32, le=256, description="Chunk length in model tokens, header included.")
+    chunk_overlap: int = Field(32, ge=0, le=128, description="Tokens shared by consecutive chunks.")
+    pii_policy: PiiPolicy = Field(PiiPolicy.REDACT, description="What to do with detected personal data.")
+    pii_entities: list[str] = Field(default_factory=lambda: list(DEFAULT_PII_ENTITIES))
+    language: str = Field("en", pattern=r"^[a-z]{2}$", description="Main language of the documents.")
+
+    @field_validator("chunk_overlap")
+    @classmethod
+    def _overlap_below_size(cls, value: int, info: Any) -> int:
+        size = info.data.get("chunk_size")
+        if size is not None and value >= size // 2:
+            raise ValueError(f"must be less than half of chunk_size ({size})")
+        return value
+
+
+class KnowledgeBase(BaseModel):
+    tenant_id: str
+    kb_id: str = Field(pattern=ID_PATTERN)
+    name: str = Field(min_length=1, max_length=200)
+    description: str = Field("", max_length=4000)
+    tags: list[str] = Field(default_factory=list)
+    settings: KbSettings = Field(default_factory=KbSettings)
+    embedding_model: str = "all-MiniLM-L6-v2"
+    embedding_dimension: int = 384
+    created_at: datetime = Field(default_factory=utcnow)
+    updated_at: datetime = Field(default_factory=utcnow)
+
+
+class ErrorInfo(BaseModel):
+    code: str
+    stage: str | None = None
+    message: str
+    retryable: bool = False
+
+
+class Document(BaseModel):
+    """One registry entry per (tenant, kb, doc_id): the document's status and provenance."""
+
+    tenant_id: str
+    kb_id: str
+    doc_id: str
+    status: DocStatus = DocStatus.QUEUED
+    stage: Stage | None = None
+    progress: float = 0.0
+    attempts: int = 0
+    error: ErrorInfo | None = None
+    content_hash: str
+    content_version: int = 1
+    active_generation: int | None = None
+    file_size: int
+    mime_type: str | None = None
+    filename: str | None = None
+    source_uri: str | None = None
+    title: str | None = None
+    metadata: dict[str, Any] = Field(default_factory=dict)
+    chunk_count: int = 0
+    pii: dict[str, int] = Field(default_factory=dict)
+    timings: dict[str, float] = Field(default_factory=dict)
+    transitions: list[dict[str, Any]] = Field(default_factory=list)
+    queue: str = "bulk"
+    batch_id: str | None = None
+    claimed_by: str | None = None
+    lease_until: datetime | None = None
+    created_at: datetime = Field(default_factory=utcnow)
+    updated_at: datetime = Field(default_factory=utcnow)
+
+
+def safe_doc_id(raw: str) -> str:
+    """A document id derived from a file name or path: URL-safe, stable, at most 200 characters."""
+    cleaned = _DOC_ID_UNSAFE.sub("-", raw.strip().replace("\\", "/")).strip("-/.")
+    return cleaned[:200] or "document"

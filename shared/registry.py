@@ -1,0 +1,151 @@
+"""The registry of knowledge bases and documents, kept in OpenSearch (the system of record).
+
+Document writes are optimistic: every update names the `_seq_no`/`_primary_term` it read, so
+two workers can never both advance the same document; the loser gets `Conflict` and re-reads.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from opensearchpy import OpenSearch
+from opensearchpy.exceptions import ConflictError, NotFoundError
+
+from shared.config import Settings
+from shared.errors import ErrorCode, RaglineError
+from shared.models import Document, KnowledgeBase, utcnow
+from shared.search.schema import docs_index, kbs_index
+
+
+class Conflict(RaglineError):
+    """The record changed since it was read."""
+
+    code = ErrorCode.CONFLICT
+
+
+class NotFound(RaglineError):
+    code = ErrorCode.NOT_FOUND
+
+
+@dataclass
+class Versioned:
+    """A document together with the version it was read at."""
+
+    doc: Document
+    seq_no: int
+    primary_term: int
+
+
+def kb_key(tenant_id: str, kb_id: str) -> str:
+    return f"{tenant_id}/{kb_id}"
+
+
+def doc_key(tenant_id: str, kb_id: str, doc_id: str) -> str:
+    # tenant and kb ids cannot hold "/", so the key is unambiguous even when doc_id does.
+    return f"{tenant_id}/{kb_id}/{doc_id}"
+
+
+class Registry:
+    """Reads and writes knowledge bases and document records for one deployment."""
+
+    def __init__(self, client: OpenSearch, settings: Settings) -> None:
+        self.client = client
+        self.kbs = kbs_index(settings)
+        self.docs = docs_index(settings)
+
+    # knowledge bases
+
+    def create_kb(self, kb: KnowledgeBase) -> KnowledgeBase:
+        try:
+            self.client.index(
+                index=self.kbs,
+                id=kb_key(kb.tenant_id, kb.kb_id),
+                body=kb.model_dump(mode="json"),
+                op_type="create",
+                refresh="wait_for",
+            )
+        except ConflictError:
+            raise Conflict(f"knowledge base '{kb.kb_id}' already exists") from None
+        return kb
+
+    def get_kb(self, tenant_id: str, kb_id: str) -> KnowledgeBase:
+        try:
+            found = self.client.get(index=self.kbs, id=kb_key(tenant_id, kb_id))
+        except NotFoundError:
+            raise NotFound(f"knowledge base '{kb_id}' not found") from None
+        return KnowledgeBase.model_validate(found["_source"])
+
+    def save_kb(self, kb: KnowledgeBase) -> KnowledgeBase:
+        kb.updated_at = utcnow()
+        self.client.index(
+            index=self.kbs,
+            id=kb_key(kb.tenant_id, kb.kb_id),
+            body=kb.model_dump(mode="json"),
+            refresh="wait_for",
+        )
+        return kb
+
+    def list_kbs(self, tenant_id: str, limit: int = 1000) -> list[KnowledgeBase]:
+        response = self.client.search(
+            index=self.kbs,
+            body={"size": limit, "query": {"term": {"tenant_id": tenant_id}}, "sort": [{"kb_id": "asc"}]},
+        )
+        return [KnowledgeBase.model_validate(hit["_source"]) for hit in response["hits"]["hits"]]
+
+    def delete_kb(self, tenant_id: str, kb_id: str) -> None:
+        try:
+            self.client.delete(index=self.kbs, id=kb_key(tenant_id, kb_id), refresh="wait_for")
+        except NotFoundError:
+            raise NotFound(f"knowledge base '{kb_id}' not found") from None
+
+    # documents
+
+    def get_doc(self, tenant_id: str, kb_id: str, doc_id: str) -> Versioned | None:
+        try:
+            found = self.client.get(index=self.docs, id=doc_key(tenant_id, kb_id, doc_id))
+        except NotFoundError:
+            return None
+        return Versioned(Document.model_validate(found["_source"]), found["_seq_no"], found["_primary_term"])
+
+    def require_doc(self, tenant_id: str, kb_id: str, doc_id: str) -> Versioned:
+        found = self.get_doc(tenant_id, kb_id, doc_id)
+        if found is None:
+            raise NotFound(f"document '{doc_id}' not found in knowledge base '{kb_id}'")
+        return found
+
+    def create_doc(self, doc: Document) -> Versioned:
+        """Insert a new record; Conflict when one exists already."""
+        try:
+            result = self.client.index(
+                index=self.docs,
+                id=doc_key(doc.tenant_id, doc.kb_id, doc.doc_id),
+                body=doc.model_dump(mode="json"),
+                op_type="create",
+            )
+        except ConflictError:
+            raise Conflict(f"document '{doc.doc_id}' changed concurrently") from None
+        return Versioned(doc, result["_seq_no"], result["_primary_term"])
+
+    def replace_doc(self, current: Versioned, doc: Document) -> Versioned:
+        """Write `doc` if the record is still at `current`'s version; Conflict otherwise."""
+        doc.updated_at = utcnow()
+        try:
+            result = self.client.index(
+                index=self.docs,
+                id=doc_key(doc.tenant_id, doc.kb_id, doc.doc_id),
+                body=doc.model_dump(mode="json"),
+                if_seq_no=current.seq_no,
+                if_primary_term=current.primary_term,
+            )
+        except ConflictError:
+            raise Conflict(f"document '{doc.doc_id}' changed concurrently") from None
+        return Versioned(doc, result["_seq_no"], result["_primary_term"])
+
+    def search_docs(
+        self, query: dict[str, Any], *, size: int, sort: list[Any], search_after: list[Any] | None = None
+    ) -> list[dict[str, Any]]:
+        body: dict[str, Any] = {"size": size, "query": query, "sort": sort}
+        if search_after:
+            body["search_after"] = search_after
+        return list(self.client.search(index=self.docs, body=body)["hits"]["hits"])

@@ -1,0 +1,195 @@
+"""Index names and mappings: knowledge bases, the document registry and the chunk index."""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+from opensearchpy import OpenSearch
+from opensearchpy.exceptions import RequestError
+
+from shared.config import Settings
+
+
+def kbs_index(settings: Settings) -> str:
+    return f"{settings.opensearch.index_prefix}-kbs"
+
+
+def docs_index(settings: Settings) -> str:
+    return f"{settings.opensearch.index_prefix}-docs"
+
+
+def chunks_alias(settings: Settings) -> str:
+    """The alias searches and writes go through; it points at one physical chunk index."""
+    return f"{settings.opensearch.index_prefix}-chunks"
+
+
+def chunks_index(settings: Settings, model: str, version: int = 1) -> str:
+    slug = re.sub(r"[^a-z0-9]+", "-", model.lower()).strip("-")
+    return f"{chunks_alias(settings)}-{slug}-v{version}"
+
+
+def _small_index_settings(settings: Settings) -> dict[str, Any]:
+    return {
+        "number_of_shards": 1,
+        "number_of_replicas": settings.opensearch.replicas,
+        "refresh_interval": "1s",
+    }
+
+
+KBS_MAPPING: dict[str, Any] = {
+    "dynamic": "strict",
+    "properties": {
+        "tenant_id": {"type": "keyword"},
+        "kb_id": {"type": "keyword"},
+        "name": {"type": "text", "fields": {"raw": {"type": "keyword"}}},
+        "description": {"type": "text"},
+        "tags": {"type": "keyword"},
+        "settings": {"type": "object", "enabled": False},
+        "embedding_model": {"type": "keyword"},
+        "embedding_dimension": {"type": "integer"},
+        "created_at": {"type": "date"},
+        "updated_at": {"type": "date"},
+    },
+}
+
+DOCS_MAPPING: dict[str, Any] = {
+    "dynamic": "strict",
+    "properties": {
+        "tenant_id": {"type": "keyword"},
+        "kb_id": {"type": "keyword"},
+        "doc_id": {"type": "keyword"},
+        "status": {"type": "keyword"},
+        "stage": {"type": "keyword"},
+        "progress": {"type": "float"},
+        "attempts": {"type": "integer"},
+        "error": {
+            "properties": {
+                "code": {"type": "keyword"},
+                "stage": {"type": "keyword"},
+                "message": {"type": "text"},
+                "retryable": {"type": "boolean"},
+            }
+        },
+        "content_hash": {"type": "keyword"},
+        "content_version": {"type": "integer"},
+        "active_generation": {"type": "integer"},
+        "file_size": {"type": "long"},
+        "mime_type": {"type": "keyword"},
+        "filename": {"type": "keyword"},
+        "source_uri": {"type": "keyword"},
+        "title": {"type": "text"},
+        # Caller metadata is kept verbatim; chunks carry a searchable copy.
+        "metadata": {"type": "object", "enabled": False},
+        "chunk_count": {"type": "integer"},
+        "pii": {"type": "object", "enabled": False},
+        "timings": {"type": "object", "enabled": False},
+        "transitions": {"type": "object", "enabled": False},
+        "queue": {"type": "keyword"},
+        "batch_id": {"type": "keyword"},
+        "claimed_by": {"type": "keyword"},
+        "lease_until": {"type": "date"},
+        "created_at": {"type": "date"},
+        "updated_at": {"type": "date"},
+    },
+}
+
+
+def chunks_mapping(settings: Settings, dimension: int) -> dict[str, Any]:
+    os_settings = settings.opensearch
+    return {
+        "dynamic": "strict",
+        "properties": {
+            "tenant_id": {"type": "keyword"},
+            "kb_id": {"type": "keyword"},
+            "doc_id": {"type": "keyword"},
+            "generation": {"type": "integer"},
+            "chunk_idx": {"type": "integer"},
+            "chunk_id": {"type": "keyword"},
+            "text": {"type": "text", "analyzer": "english"},
+            "title": {"type": "text", "analyzer": "english"},
+            "headings": {"type": "text", "analyzer": "english", "fields": {"raw": {"type": "keyword"}}},
+            "context": {"type": "text", "index": False},
+            "keywords": {"type": "keyword"},
+            "language": {"type": "keyword"},
+            "page_num": {"type": "integer"},
+            "page_label": {"type": "keyword"},
+            "char_start": {"type": "integer"},
+            "char_end": {"type": "integer"},
+            "token_count": {"type": "integer"},
+            "source_uri": {"type": "keyword"},
+            "filename": {"type": "keyword"},
+            "mime_type": {"type": "keyword"},
+            "metadata": {"type": "object", "dynamic": True},
+            "created_at": {"type": "date"},
+            "embedding": {
+                "type": "knn_vector",
+                "dimension": dimension,
+                "method": {
+                    "name": "hnsw",
+                    "engine": "lucene",
+                    "space_type": "cosinesimil",
+                    "parameters": {
+                        "m": os_settings.hnsw_m,
+                        "ef_construction": os_settings.hnsw_ef_construction,
+                    },
+                },
+            },
+        },
+        # Typed caller metadata: strings as keywords, numbers as doubles, ISO dates as dates
+        # (date detection runs first), so filters can use equality, membership and ranges.
+        "dynamic_templates": [
+            {
+                "metadata_strings": {
+                    "path_match": "metadata.*",
+                    "match_mapping_type": "string",
+                    "mapping": {"type": "keyword", "ignore_above": 1024},
+                }
+            },
+            {
+                "metadata_integers": {
+                    "path_match": "metadata.*",
+                    "match_mapping_type": "long",
+                    "mapping": {"type": "double"},
+                }
+            },
+        ],
+    }
+
+
+def ensure_indexes(client: OpenSearch, settings: Settings) -> None:
+    """Create the registry, KB and chunk indexes and the chunk alias if they do not exist."""
+    _create(
+        client, kbs_index(settings), {"settings": _small_index_settings(settings), "mappings": KBS_MAPPING}
+    )
+    _create(
+        client, docs_index(settings), {"settings": _small_index_settings(settings), "mappings": DOCS_MAPPING}
+    )
+    alias = chunks_alias(settings)
+    if not client.indices.exists_alias(name=alias):
+        physical = chunks_index(settings, settings.embedding.model)
+        body = {
+            "settings": {
+                "index": {
+                    "knn": True,
+                    "knn.algo_param.ef_search": settings.opensearch.hnsw_ef_search,
+                    "number_of_shards": settings.opensearch.shards,
+                    "number_of_replicas": settings.opensearch.replicas,
+                    "refresh_interval": settings.opensearch.refresh_interval,
+                }
+            },
+            "mappings": chunks_mapping(settings, settings.embedding.dimension),
+            "aliases": {alias: {}},
+        }
+        _create(client, physical, body)
+
+
+def _create(client: OpenSearch, name: str, body: dict[str, Any]) -> None:
+    if client.indices.exists(index=name):
+        return
+    try:
+        client.indices.create(index=name, body=body)
+    except RequestError as error:
+        # Two processes may race to create it; the loser finds it there.
+        if error.error != "resource_already_exists_exception":
+            raise

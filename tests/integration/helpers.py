@@ -1,0 +1,53 @@
+"""Helpers of the integration tests: fresh knowledge bases, waiting for documents, reading chunks."""
+
+from __future__ import annotations
+
+import time
+import uuid
+from typing import Any
+
+import pytest
+from opensearchpy import OpenSearch
+
+from shared.config import Settings
+from shared.models import DocStatus, Document, KbSettings, KnowledgeBase
+from shared.registry import Registry
+from shared.search.schema import chunks_alias
+
+
+def new_kb(registry: Registry, **kb_settings: object) -> KnowledgeBase:
+    """A knowledge base of a fresh tenant, so tests never see each other's documents."""
+    tenant = f"t-{uuid.uuid4().hex[:10]}"
+    kb = KnowledgeBase(
+        tenant_id=tenant, kb_id="kb", name="test", settings=KbSettings.model_validate(kb_settings)
+    )
+    return registry.create_kb(kb)
+
+
+def wait_terminal(
+    registry: Registry, kb: KnowledgeBase, doc_ids: list[str], timeout_s: float = 300
+) -> dict[str, Document]:
+    """Poll the registry until every document is ready or failed; fail the test on timeout."""
+    deadline = time.monotonic() + timeout_s
+    docs: dict[str, Document] = {}
+    while time.monotonic() < deadline:
+        docs = {d: registry.require_doc(kb.tenant_id, kb.kb_id, d).doc for d in doc_ids}
+        if all(doc.status in (DocStatus.READY, DocStatus.FAILED) for doc in docs.values()):
+            return docs
+        time.sleep(0.5)
+    pending = {d: doc.status.value for d, doc in docs.items() if not doc.status.terminal}
+    pytest.fail(f"documents not terminal after {timeout_s}s: {pending}")
+
+
+def chunks_of(
+    opensearch: OpenSearch, settings: Settings, kb: KnowledgeBase, doc_id: str | None = None
+) -> list[dict[str, Any]]:
+    filters: list[dict[str, Any]] = [{"term": {"tenant_id": kb.tenant_id}}, {"term": {"kb_id": kb.kb_id}}]
+    if doc_id is not None:
+        filters.append({"term": {"doc_id": doc_id}})
+    opensearch.indices.refresh(index=chunks_alias(settings))
+    response = opensearch.search(
+        index=chunks_alias(settings),
+        body={"size": 1000, "query": {"bool": {"filter": filters}}, "sort": [{"chunk_idx": "asc"}]},
+    )
+    return [hit["_source"] for hit in response["hits"]["hits"]]

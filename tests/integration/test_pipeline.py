@@ -1,0 +1,261 @@
+"""The ingestion pipeline on the real stack: every format to `ready`, versions, deletes, failures."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+from opensearchpy import OpenSearch
+
+from shared.config import Settings
+from shared.embedding import token_counter
+from shared.ingest import Ingestor
+from shared.models import DocStatus, KnowledgeBase, Outcome
+from shared.registry import Registry
+from shared.search.schema import chunks_alias
+from tests.fixtures import samples
+from tests.integration.helpers import chunks_of, new_kb, wait_terminal
+
+pytestmark = pytest.mark.integration
+
+PAGED = {"paper.pdf", "deck.pptx", "sheet.xlsx"}
+STRUCTURED = {"guide.md": "Installing", "page.html": "Billing", "report.docx": "Revenue"}
+
+
+@pytest.fixture(scope="module")
+def corpus(registry: Registry, ingestor: Ingestor) -> tuple[KnowledgeBase, dict[str, Any]]:
+    # PII off: the small spaCy model's false positives (e.g. "Glacier" as a PERSON) would hide
+    # the phrases this test looks for; redaction has its own test below.
+    kb = new_kb(registry, pii_policy="off")
+    files = samples.every_type()
+    for name, (data, _) in files.items():
+        result = ingestor.submit(kb.tenant_id, kb.kb_id, data, filename=name)
+        assert result.outcome == Outcome.CREATED
+        assert registry.require_doc(kb.tenant_id, kb.kb_id, result.doc_id).doc.status == DocStatus.QUEUED
+    docs = wait_terminal(registry, kb, list(files))
+    return kb, {"files": files, "docs": docs}
+
+
+def test_every_supported_type_reaches_ready(corpus: tuple[KnowledgeBase, dict[str, Any]]) -> None:
+    _, data = corpus
+    failed = {name: doc.error for name, doc in data["docs"].items() if doc.status != DocStatus.READY}
+    assert failed == {}
+    for name, doc in data["docs"].items():
+        assert doc.progress == 1.0
+        assert doc.chunk_count >= 1, name
+        assert set(doc.timings) == {"parse", "chunk", "enrich", "pii", "embed", "store"}
+        statuses = [t["status"] for t in doc.transitions]
+        assert statuses == [
+            "queued",
+            "parsing",
+            "chunking",
+            "enriching",
+            "redacting",
+            "embedding",
+            "indexing",
+            "ready",
+        ]
+
+
+def test_chunks_carry_vectors_pages_and_headings(
+    corpus: tuple[KnowledgeBase, dict[str, Any]], opensearch: OpenSearch, settings: Settings
+) -> None:
+    kb, data = corpus
+    for name, (_, phrase) in data["files"].items():
+        chunks = chunks_of(opensearch, settings, kb, name)
+        assert len(chunks) == data["docs"][name].chunk_count
+        assert all(len(c["embedding"]) == 384 for c in chunks)
+        assert phrase.lower() in " ".join(c["text"] for c in chunks).lower(), name
+        if name in PAGED:
+            assert all(isinstance(c["page_num"], int) and c["page_num"] >= 1 for c in chunks), name
+            assert all(c["page_label"] for c in chunks), name
+        if name in STRUCTURED:
+            holder = next(c for c in chunks if phrase.lower() in c["text"].lower())
+            assert STRUCTURED[name] in holder["headings"], (name, holder["headings"])
+            assert STRUCTURED[name] in holder["context"]
+    pdf_pages = {c["page_num"] for c in chunks_of(opensearch, settings, kb, "paper.pdf")}
+    assert pdf_pages == {1, 2}
+
+
+def test_no_chunk_exceeds_the_models_max_sequence_length(
+    corpus: tuple[KnowledgeBase, dict[str, Any]], opensearch: OpenSearch, settings: Settings
+) -> None:
+    kb, _ = corpus
+    counter = token_counter(settings.embedding)
+    chunks = chunks_of(opensearch, settings, kb)
+    embedded = [f"{c['context']}\n{c['text']}" for c in chunks]
+    longest = max(n + 2 for n in counter.count(embedded))
+    print(f"longest embedded chunk: {longest} tokens of {counter.max_seq_length}")
+    assert longest <= counter.max_seq_length
+
+
+def test_long_document_is_split_within_budget(
+    registry: Registry, ingestor: Ingestor, opensearch: OpenSearch, settings: Settings
+) -> None:
+    kb = new_kb(registry, chunk_size=128, chunk_overlap=16)
+    sections = [
+        f"# Part {p}\n\n"
+        + " ".join(f"Sentence {i} of part {p} talks about topic {i % 7}." for i in range(60))
+        for p in range(3)
+    ]
+    ingestor.submit(kb.tenant_id, kb.kb_id, "\n\n".join(sections).encode(), filename="long.md")
+    doc = wait_terminal(registry, kb, ["long.md"])["long.md"]
+    assert doc.status == DocStatus.READY
+    chunks = chunks_of(opensearch, settings, kb, "long.md")
+    assert len(chunks) > 6
+    counter = token_counter(settings.embedding)
+    assert max(counter.count([f"{c['context']}\n{c['text']}" for c in chunks])) + 2 <= 128
+    assert [c["chunk_idx"] for c in chunks] == list(range(len(chunks)))
+    assert {h for c in chunks for h in c["headings"]} == {"Part 0", "Part 1", "Part 2"}
+    # Offsets point into the parsed text, in document order.
+    assert all(c["char_start"] < c["char_end"] for c in chunks)
+    assert [c["char_start"] for c in chunks] == sorted(c["char_start"] for c in chunks)
+
+
+PLANTED = {
+    "EMAIL_ADDRESS": ["maria.gonzalez@example.com", "j.doe@corp.example.org"],
+    "PHONE_NUMBER": ["(212) 555-0198", "415-555-0123"],
+    "CREDIT_CARD": ["4111 1111 1111 1111", "5500 0000 0000 0004"],
+    "PERSON": ["Maria Gonzalez", "Jonathan Doe"],
+}
+
+
+def test_pii_is_redacted_before_indexing(
+    registry: Registry, ingestor: Ingestor, opensearch: OpenSearch, settings: Settings
+) -> None:
+    kb = new_kb(registry)  # default policy: redact
+    text = (
+        "Customer record\n\n"
+        "Maria Gonzalez called from (212) 555-0198 about her card 4111 1111 1111 1111. "
+        "Write to maria.gonzalez@example.com for the refund.\n\n"
+        "Jonathan Doe (j.doe@corp.example.org, 415-555-0123) paid with 5500 0000 0000 0004 on Monday.\n"
+    )
+    ingestor.submit(kb.tenant_id, kb.kb_id, text.encode(), filename="record.txt")
+    doc = wait_terminal(registry, kb, ["record.txt"])["record.txt"]
+    assert doc.status == DocStatus.READY, doc.error
+    index = chunks_alias(settings)
+    tenant = {"term": {"tenant_id": kb.tenant_id}}
+    leaks: list[tuple[str, object]] = []
+    for values in PLANTED.values():
+        for value in values:
+            for clause in (
+                {"match_phrase": {"text": value}},
+                {"term": {"text": value.lower()}},
+                {"query_string": {"query": f'"{value}"', "fields": ["*"]}},
+            ):
+                hits = opensearch.search(
+                    index=index, body={"query": {"bool": {"filter": [tenant], "must": [clause]}}}
+                )
+                if hits["hits"]["total"]["value"]:
+                    leaks.append((value, clause))
+    raw = " ".join(str(c) for c in chunks_of(opensearch, settings, kb))
+    leaks += [(value, "_source") for values in PLANTED.values() for value in values if value in raw]
+    print(f"PII leaks: {len(leaks)}; counts: {doc.pii}")
+    assert leaks == []
+    for placeholder in ("<EMAIL_ADDRESS>", "<CREDIT_CARD>", "<PHONE_NUMBER>", "<PERSON>"):
+        assert placeholder in raw
+    for entity, values in PLANTED.items():
+        assert doc.pii.get(entity, 0) >= len(values), (entity, doc.pii)
+
+
+def _search_text(
+    opensearch: OpenSearch, settings: Settings, kb: KnowledgeBase, query: str
+) -> list[dict[str, Any]]:
+    opensearch.indices.refresh(index=chunks_alias(settings))
+    body = {
+        "query": {
+            "bool": {"filter": [{"term": {"tenant_id": kb.tenant_id}}], "must": [{"match": {"text": query}}]}
+        }
+    }
+    return [h["_source"] for h in opensearch.search(index=chunks_alias(settings), body=body)["hits"]["hits"]]
+
+
+def test_same_bytes_are_unchanged_and_new_bytes_replace_the_old_version(
+    registry: Registry, ingestor: Ingestor, opensearch: OpenSearch, settings: Settings
+) -> None:
+    kb = new_kb(registry)
+    first = b"Version one talks about the albatross migration.\n"
+    ingestor.submit(kb.tenant_id, kb.kb_id, first, filename="v.txt")
+    ready = wait_terminal(registry, kb, ["v.txt"])["v.txt"]
+    again = ingestor.submit(kb.tenant_id, kb.kb_id, first, filename="v.txt")
+    assert again.outcome == Outcome.UNCHANGED
+    after = registry.require_doc(kb.tenant_id, kb.kb_id, "v.txt").doc
+    assert after.transitions == ready.transitions  # nothing was enqueued or re-run
+    assert after.content_version == 1
+
+    second = ("Version two is about the pelican colony instead. " * 40 + "\n\n") * 3
+    updated = ingestor.submit(kb.tenant_id, kb.kb_id, second.encode(), filename="v.txt")
+    assert updated.outcome == Outcome.UPDATED
+    assert updated.content_version == 2
+    doc = wait_terminal(registry, kb, ["v.txt"])["v.txt"]
+    assert doc.status == DocStatus.READY
+    assert doc.active_generation == 2
+    chunks = chunks_of(opensearch, settings, kb, "v.txt")
+    assert len(chunks) == doc.chunk_count > 1
+    assert {c["generation"] for c in chunks} == {2}
+    assert _search_text(opensearch, settings, kb, "albatross") == []
+    assert _search_text(opensearch, settings, kb, "pelican")
+
+
+def test_delete_removes_every_chunk_from_bm25_and_knn(
+    registry: Registry, ingestor: Ingestor, opensearch: OpenSearch, settings: Settings
+) -> None:
+    kb = new_kb(registry)
+    ingestor.submit(
+        kb.tenant_id, kb.kb_id, b"The okapi lives in the Ituri rainforest.\n", filename="okapi.txt"
+    )
+    assert wait_terminal(registry, kb, ["okapi.txt"])["okapi.txt"].status == DocStatus.READY
+    vector = chunks_of(opensearch, settings, kb, "okapi.txt")[0]["embedding"]
+    deleted = ingestor.delete(kb.tenant_id, kb.kb_id, "okapi.txt")
+    assert deleted.status == DocStatus.DELETED
+    assert _search_text(opensearch, settings, kb, "okapi rainforest") == []
+    knn = {"knn": {"embedding": {"vector": vector, "k": 10, "filter": {"term": {"tenant_id": kb.tenant_id}}}}}
+    hits = opensearch.search(index=chunks_alias(settings), body={"query": knn})["hits"]["hits"]
+    assert hits == []
+    assert registry.require_doc(kb.tenant_id, kb.kb_id, "okapi.txt").doc.status == DocStatus.DELETED
+
+
+BAD_FILES: dict[str, tuple[Callable[[], bytes], str]] = {
+    "broken.pdf": (
+        lambda: b"%PDF-1.4\n1 0 obj\n<< /Type /Catalog /Pages 2 0 R >>\ngarbage\x00\xff" * 3,
+        "PARSE_ERROR",
+    ),
+    "empty.txt": (lambda: b"", "EMPTY_DOCUMENT"),
+    "program.txt": (
+        lambda: b"MZ\x90\x00\x03\x00\x00\x00\x04\x00\x00\x00\xff\xff" + bytes(range(256)) * 4,
+        "UNSUPPORTED_MEDIA_TYPE",
+    ),
+}
+
+
+def test_bad_files_fail_with_their_code_while_a_good_one_is_ready(
+    registry: Registry, ingestor: Ingestor
+) -> None:
+    kb = new_kb(registry)
+    for name, (make, _) in BAD_FILES.items():
+        ingestor.submit(kb.tenant_id, kb.kb_id, make(), filename=name)
+    ingestor.submit(
+        kb.tenant_id, kb.kb_id, b"A perfectly good note about lighthouses.\n", filename="good.txt"
+    )
+    docs = wait_terminal(registry, kb, [*BAD_FILES, "good.txt"])
+    assert docs["good.txt"].status == DocStatus.READY
+    for name, (_, code) in BAD_FILES.items():
+        doc = docs[name]
+        assert doc.status == DocStatus.FAILED, name
+        assert doc.error is not None
+        assert (doc.error.code, doc.error.stage, doc.error.retryable) == (code, "parse", False), name
+        assert doc.error.message
+
+
+def test_scanned_pdf_pages_are_ocred(
+    registry: Registry, ingestor: Ingestor, opensearch: OpenSearch, settings: Settings
+) -> None:
+    kb = new_kb(registry, pii_policy="off")
+    pdf = samples.scanned_pdf(["Maintenance Log", "The boiler pressure valve was replaced."])
+    ingestor.submit(kb.tenant_id, kb.kb_id, pdf, filename="scan.pdf")
+    doc = wait_terminal(registry, kb, ["scan.pdf"])["scan.pdf"]
+    assert doc.status == DocStatus.READY, doc.error
+    text = " ".join(c["text"] for c in chunks_of(opensearch, settings, kb, "scan.pdf")).lower()
+    assert "boiler pressure valve" in text
+    assert {c["page_num"] for c in chunks_of(opensearch, settings, kb, "scan.pdf")} == {1}

@@ -1,0 +1,53 @@
+"""File types are judged from the bytes; names only refine text types."""
+
+from __future__ import annotations
+
+import pytest
+
+from shared.errors import ErrorCode, PermanentError
+from tests.fixtures import samples
+from workers.sniff import FileKind, detect
+
+
+@pytest.mark.parametrize(
+    ("name", "kind"),
+    [
+        ("notes.txt", FileKind.TEXT),
+        ("guide.md", FileKind.MARKDOWN),
+        ("page.html", FileKind.HTML),
+        ("data.xml", FileKind.XML),
+        ("config.json", FileKind.JSON),
+        ("table.csv", FileKind.CSV),
+        ("mail.eml", FileKind.EML),
+        ("report.docx", FileKind.DOCX),
+        ("deck.pptx", FileKind.PPTX),
+        ("sheet.xlsx", FileKind.XLSX),
+        ("paper.pdf", FileKind.PDF),
+    ],
+)
+def test_every_sample_is_recognised(name: str, kind: FileKind) -> None:
+    data, _ = samples.every_type()[name]
+    assert detect(data, name) == kind
+
+
+def test_a_misleading_name_does_not_change_a_binary_type() -> None:
+    pdf = samples.text_pdf([["hello"]])
+    assert detect(pdf, "innocent.txt") == FileKind.PDF
+    html, _ = samples.every_type()["page.html"]
+    assert detect(html, "page.md") == FileKind.HTML
+
+
+@pytest.mark.parametrize(
+    ("data", "code"),
+    [
+        (b"", ErrorCode.EMPTY_DOCUMENT),
+        (b"MZ\x90\x00" + bytes(200), ErrorCode.UNSUPPORTED_MEDIA_TYPE),
+        (b"\x7fELF\x02\x01\x01" + bytes(100), ErrorCode.UNSUPPORTED_MEDIA_TYPE),
+        (bytes(range(256)) * 8, ErrorCode.UNSUPPORTED_MEDIA_TYPE),
+        (b"PK\x03\x04corrupt", ErrorCode.PARSE_ERROR),
+    ],
+)
+def test_bad_bytes_are_refused_with_a_code(data: bytes, code: ErrorCode) -> None:
+    with pytest.raises(PermanentError) as caught:
+        detect(data, "file.txt")
+    assert caught.value.code == code

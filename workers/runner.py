@@ -1,0 +1,244 @@
+"""Runs one pipeline stage for one document: claim, work, record, hand off.
+
+Fencing: a stage task carries the document's `content_version` and the stage it is for. It works
+only if the registry still shows that version at that stage, and it claims the document with an
+optimistic write (seq_no) and a lease. A duplicate or stale delivery finds the record moved on,
+or claimed under a live lease, and does nothing. Stage outputs are artifacts keyed by
+(document, version, stage), so a redelivered stage overwrites rather than duplicates.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import random
+import socket
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import timedelta
+from typing import Any
+
+from celery.exceptions import SoftTimeLimitExceeded
+
+from shared.errors import ErrorCode, RaglineError, TransientError
+from shared.ingest import QUEUE_LEASE, STAGE_TASK, StageRef
+from shared.models import PIPELINE, STAGE_STATUS, DocStatus, Document, ErrorInfo, Stage, utcnow
+from shared.queue import enqueue
+from shared.registry import Conflict, Versioned
+from workers.context import WorkerContext
+
+log = logging.getLogger(__name__)
+
+STAGE_LEASE = timedelta(minutes=15)
+MAX_TRANSITIONS = 64
+WORKER_ID = f"{socket.gethostname()}:{os.getpid()}"
+
+
+@dataclass
+class StageResult:
+    """What a stage produced: the artifact for the next stage and registry fields to set."""
+
+    artifact: Any
+    updates: dict[str, Any] = field(default_factory=dict)
+    # Runs only after the registry recorded this result (e.g. retiring an old generation).
+    after: Callable[[], None] | None = None
+
+
+StageFn = Callable[[WorkerContext, Document, Any], StageResult]
+
+
+class Retry(Exception):
+    """Raised to the task wrapper: send this stage again after `countdown` seconds."""
+
+    def __init__(self, countdown: float) -> None:
+        super().__init__(f"retry in {countdown:.1f}s")
+        self.countdown = countdown
+
+
+def artifact_key(ref: StageRef, stage: Stage) -> str:
+    return f"{ref.tenant_id}/{ref.kb_id}/{ref.doc_id}/v{ref.content_version}/{stage.value}"
+
+
+def _status_before(stage: Stage) -> DocStatus:
+    return DocStatus.QUEUED if stage == Stage.PARSE else STAGE_STATUS[stage]
+
+
+def _next_stage(stage: Stage) -> Stage | None:
+    position = PIPELINE.index(stage)
+    return PIPELINE[position + 1] if position + 1 < len(PIPELINE) else None
+
+
+def _record(doc: Document, status: DocStatus) -> None:
+    doc.status = status
+    doc.transitions = [*doc.transitions, {"status": status.value, "at": utcnow().isoformat()}][
+        -MAX_TRANSITIONS:
+    ]
+
+
+def _claim(ctx: WorkerContext, ref: StageRef, attempt_limit: int) -> Versioned | None:
+    """Take the document for this stage, or None when this delivery is stale or a duplicate."""
+    current = ctx.registry.get_doc(ref.tenant_id, ref.kb_id, ref.doc_id)
+    if current is None:
+        return None
+    doc = current.doc
+    if doc.content_version != ref.content_version:
+        return None  # superseded by a newer version, whose own pipeline runs
+    if doc.status not in (_status_before(ref.stage), STAGE_STATUS[ref.stage]):
+        return None  # already past this stage, failed or deleted
+    now = utcnow()
+    if doc.claimed_by is not None and doc.lease_until is not None and doc.lease_until > now:
+        return None  # another delivery holds a live lease
+    if doc.stage != ref.stage:
+        doc.attempts = 0
+    doc.attempts += 1
+    if doc.attempts > attempt_limit:
+        _fail(
+            doc,
+            ref.stage,
+            RaglineError(
+                "the stage was started too many times without finishing",
+                code=ErrorCode.RETRIES_EXHAUSTED,
+            ),
+            previous=doc.error,
+        )
+        ctx.registry.replace_doc(current, doc)
+        return None
+    if doc.status != STAGE_STATUS[ref.stage]:
+        _record(doc, STAGE_STATUS[ref.stage])
+    doc.stage = ref.stage
+    doc.claimed_by = WORKER_ID
+    doc.lease_until = now + STAGE_LEASE
+    try:
+        return ctx.registry.replace_doc(current, doc)
+    except Conflict:
+        return None  # another worker claimed it first
+
+
+def _fail(doc: Document, stage: Stage, error: RaglineError, previous: ErrorInfo | None = None) -> None:
+    message = error.message
+    if previous is not None and error.code == ErrorCode.RETRIES_EXHAUSTED:
+        message = f"{message}; last error: {previous.code}: {previous.message}"
+    doc.error = ErrorInfo(code=error.code.value, stage=stage.value, message=message, retryable=False)
+    _record(doc, DocStatus.FAILED)
+    doc.claimed_by = None
+    doc.lease_until = None
+
+
+def _load_input(ctx: WorkerContext, ref: StageRef, doc: Document) -> Any:
+    if ref.stage == Stage.PARSE:
+        return ctx.blobs.path_of(doc.content_hash)
+    previous = PIPELINE[PIPELINE.index(ref.stage) - 1]
+    return ctx.blobs.get_artifact(artifact_key(ref, previous))
+
+
+def backoff(attempt: int, cap: float) -> float:
+    """Exponential backoff with full jitter."""
+    return random.uniform(0, min(cap, 2.0**attempt))  # noqa: S311  (jitter, not security)
+
+
+def run_stage(ctx: WorkerContext, ref: StageRef, fn: StageFn, retries_done: int) -> None:
+    """Run `fn` for the document in `ref` and hand the document to the next stage."""
+    celery = ctx.settings.celery
+    claimed = _claim(ctx, ref, attempt_limit=celery.max_retries + 1)
+    if claimed is None:
+        log.info(
+            "skip %s for %s/%s v%d: stale or duplicate", ref.stage, ref.kb_id, ref.doc_id, ref.content_version
+        )
+        return
+    started = time.perf_counter()
+    try:
+        result = fn(ctx, claimed.doc, _load_input(ctx, ref, claimed.doc))
+    except TransientError as error:
+        _release_for_retry(ctx, ref, claimed, error)
+        if retries_done >= celery.max_retries:
+            _finish_failed(ctx, ref, RaglineError(str(error.message), code=ErrorCode.RETRIES_EXHAUSTED))
+            return
+        raise Retry(backoff(retries_done + 1, celery.retry_backoff_max_s)) from error
+    except RaglineError as error:
+        _finish_failed(ctx, ref, error)
+        return
+    except SoftTimeLimitExceeded:
+        _finish_failed(
+            ctx, ref, RaglineError(f"the {ref.stage} stage ran out of time", code=ErrorCode.TIMEOUT)
+        )
+        return
+    except Exception as error:
+        # A bug or an unexpected library failure: retried like a transient error (bounded),
+        # logged with its traceback here, and reported to the user without one.
+        log.exception("unexpected error in %s for %s/%s", ref.stage, ref.kb_id, ref.doc_id)
+        internal = TransientError(f"internal error in the {ref.stage} stage ({type(error).__name__})")
+        internal.code = ErrorCode.INTERNAL
+        _release_for_retry(ctx, ref, claimed, internal)
+        if retries_done >= celery.max_retries:
+            _finish_failed(ctx, ref, RaglineError(internal.message, code=ErrorCode.RETRIES_EXHAUSTED))
+            return
+        raise Retry(backoff(retries_done + 1, celery.retry_backoff_max_s)) from error
+    elapsed = time.perf_counter() - started
+    _advance(ctx, ref, claimed, result, elapsed)
+
+
+def _release_for_retry(ctx: WorkerContext, ref: StageRef, claimed: Versioned, error: RaglineError) -> None:
+    doc = claimed.doc
+    doc.error = ErrorInfo(code=error.code.value, stage=ref.stage.value, message=error.message, retryable=True)
+    doc.claimed_by = None
+    doc.lease_until = utcnow() + QUEUE_LEASE
+    with contextlib.suppress(Conflict):  # superseded meanwhile: nothing of ours to release
+        ctx.registry.replace_doc(claimed, doc)
+
+
+def _finish_failed(ctx: WorkerContext, ref: StageRef, error: RaglineError) -> None:
+    for _ in range(5):
+        current = ctx.registry.get_doc(ref.tenant_id, ref.kb_id, ref.doc_id)
+        if current is None or current.doc.content_version != ref.content_version:
+            return
+        _fail(current.doc, ref.stage, error)
+        try:
+            ctx.registry.replace_doc(current, current.doc)
+            log.warning("document %s/%s failed at %s: %s", ref.kb_id, ref.doc_id, ref.stage, error)
+            return
+        except Conflict:
+            continue
+
+
+def _advance(
+    ctx: WorkerContext, ref: StageRef, claimed: Versioned, result: StageResult, elapsed: float
+) -> None:
+    nxt = _next_stage(ref.stage)
+    if nxt is not None:
+        ctx.blobs.put_artifact(artifact_key(ref, ref.stage), result.artifact)
+    doc = claimed.doc
+    for name, value in result.updates.items():
+        setattr(doc, name, value)
+    doc.timings = {**doc.timings, ref.stage.value: round(elapsed, 4)}
+    doc.progress = max(doc.progress, (PIPELINE.index(ref.stage) + 1) / len(PIPELINE))
+    doc.error = None
+    doc.claimed_by = None
+    if nxt is None:
+        _record(doc, DocStatus.READY)
+        doc.stage = None
+        doc.lease_until = None
+        doc.progress = 1.0
+    else:
+        _record(doc, STAGE_STATUS[nxt])
+        doc.stage = nxt
+        doc.attempts = 0
+        doc.lease_until = utcnow() + QUEUE_LEASE
+    try:
+        ctx.registry.replace_doc(claimed, doc)
+    except Conflict:
+        # Superseded while working (a new version or a delete). The newer state wins; the
+        # artifacts written above belong to this version only and are never read by another.
+        log.info("document %s/%s changed during %s; dropping this result", ref.kb_id, ref.doc_id, ref.stage)
+        return
+    if result.after is not None:
+        result.after()
+    if nxt is None:
+        ctx.blobs.drop_artifacts(artifact_key(ref, stage) for stage in PIPELINE)
+        return
+    next_ref = StageRef(ref.tenant_id, ref.kb_id, ref.doc_id, ref.content_version, nxt)
+    try:
+        enqueue(ctx.sender, ctx.settings, STAGE_TASK, kwargs=next_ref.as_kwargs(), queue=doc.queue)
+    except Exception:  # broker unreachable: the reconciler re-sends once the lease expires
+        log.warning("enqueue of %s failed for %s/%s", nxt, ref.kb_id, ref.doc_id)

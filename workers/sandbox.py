@@ -1,0 +1,100 @@
+"""Run a function in a forked child with CPU-time, memory and wall-clock limits.
+
+A hostile file (decompression bomb, billion laughs, pathological PDF) can then only kill the
+child: the worker process survives and fails that one document with a clear code.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import resource
+import signal
+import tempfile
+import time
+from collections.abc import Callable
+from typing import Any
+
+from shared.errors import ErrorCode, PermanentError, RaglineError
+
+_POLL_S = 0.02
+
+
+def _virtual_memory_bytes() -> int:
+    with open("/proc/self/status", encoding="ascii") as status:
+        for line in status:
+            if line.startswith("VmSize:"):
+                return int(line.split()[1]) * 1024
+    return 0
+
+
+def run_limited(fn: Callable[[], Any], *, timeout_s: float, memory_bytes: int, what: str) -> Any:
+    """Return `fn()`'s JSON-serialisable result, computed in a child process under limits."""
+    fd, result_path = tempfile.mkstemp(prefix="ragline-sandbox-", suffix=".json")
+    os.close(fd)
+    try:
+        pid = os.fork()
+        if pid == 0:  # child
+            _child(fn, result_path, timeout_s, memory_bytes)
+        return _wait(pid, result_path, timeout_s, what)
+    finally:
+        os.unlink(result_path)
+
+
+def _child(fn: Callable[[], Any], result_path: str, timeout_s: float, memory_bytes: int) -> None:
+    code = 1
+    try:
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        signal.signal(signal.SIGINT, signal.SIG_DFL)
+        # The child already maps what the worker imported: the memory limit is on top of that.
+        limit = _virtual_memory_bytes() + memory_bytes
+        resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
+        cpu = int(timeout_s) + 1
+        resource.setrlimit(resource.RLIMIT_CPU, (cpu, cpu + 1))
+        try:
+            payload: dict[str, Any] = {"ok": fn()}
+        except RaglineError as error:
+            payload = {"error": error.code.value, "message": error.message}
+        except MemoryError:
+            payload = {
+                "error": ErrorCode.PARSE_ERROR.value,
+                "message": "parsing needed more memory than allowed",
+            }
+        except RecursionError:
+            payload = {"error": ErrorCode.PARSE_ERROR.value, "message": "the document is nested too deeply"}
+        except Exception as error:
+            payload = {
+                "error": ErrorCode.PARSE_ERROR.value,
+                "message": f"could not parse the file ({type(error).__name__})",
+            }
+        with open(result_path, "w", encoding="utf-8") as out:
+            json.dump(payload, out)
+        code = 0
+    finally:
+        os._exit(code)
+
+
+def _wait(pid: int, result_path: str, timeout_s: float, what: str) -> Any:
+    deadline = time.monotonic() + timeout_s
+    status = 0
+    while True:
+        done, status = os.waitpid(pid, os.WNOHANG)
+        if done:
+            break
+        if time.monotonic() > deadline:
+            os.kill(pid, signal.SIGKILL)
+            os.waitpid(pid, 0)
+            raise PermanentError(f"{what} took longer than {timeout_s:.0f} s", code=ErrorCode.TIMEOUT)
+        time.sleep(_POLL_S)
+    if os.WIFSIGNALED(status):
+        sig = os.WTERMSIG(status)
+        reason = "CPU time limit" if sig == signal.SIGXCPU else f"signal {sig}"
+        raise PermanentError(f"{what} was stopped ({reason})", code=ErrorCode.PARSE_ERROR)
+    try:
+        with open(result_path, encoding="utf-8") as handle:
+            payload = json.load(handle)
+    except (OSError, ValueError):
+        raise PermanentError(f"{what} ended without a result", code=ErrorCode.PARSE_ERROR) from None
+    if "error" in payload:
+        raise PermanentError(payload["message"], code=ErrorCode(payload["error"]))
+    return payload["ok"]

@@ -1,0 +1,146 @@
+"""File type detection from the bytes. The caller's name and header only refine within text types."""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import re
+import zipfile
+from enum import StrEnum
+from pathlib import Path
+
+from shared.errors import ErrorCode, PermanentError
+
+
+class FileKind(StrEnum):
+    PDF = "application/pdf"
+    DOCX = "application/vnd.openxmlformats-officedocument.wordprocessingml.document"
+    PPTX = "application/vnd.openxmlformats-officedocument.presentationml.presentation"
+    XLSX = "application/vnd.openxmlformats-officedocument.spreadsheetml.sheet"
+    HTML = "text/html"
+    XML = "application/xml"
+    JSON = "application/json"
+    CSV = "text/csv"
+    EML = "message/rfc822"
+    MARKDOWN = "text/markdown"
+    TEXT = "text/plain"
+
+
+_BINARY_SIGNATURES: dict[bytes, str] = {
+    b"MZ": "a Windows executable",
+    b"\x7fELF": "an ELF executable",
+    b"\xd0\xcf\x11\xe0\xa1\xb1\x1a\xe1": "a legacy Office (OLE) file; save it as .docx, .pptx or .xlsx",
+    b"\x89PNG": "a PNG image",
+    b"\xff\xd8\xff": "a JPEG image",
+    b"GIF8": "a GIF image",
+    b"\x1f\x8b": "a gzip archive",
+    b"Rar!": "a RAR archive",
+    b"7z\xbc\xaf": "a 7-Zip archive",
+    b"%!PS": "a PostScript file",
+}
+_OOXML_PARTS = {
+    "word/document.xml": FileKind.DOCX,
+    "ppt/presentation.xml": FileKind.PPTX,
+    "xl/workbook.xml": FileKind.XLSX,
+}
+_EMAIL_HEADER = re.compile(
+    rb"^(From|To|Subject|Date|Message-ID|MIME-Version|Received|Return-Path):", re.I | re.M
+)
+_HTML_START = re.compile(
+    rb"^\s*(<!--.*?-->\s*)*(<!doctype html|<html|<head|<body|<div|<p[ >]|<h[1-6][ >])", re.I | re.S
+)
+_MD_EXTENSIONS = (".md", ".markdown", ".mdx")
+_CSV_EXTENSIONS = (".csv", ".tsv")
+_SAMPLE = 64 * 1024
+
+
+def unsupported(what: str) -> PermanentError:
+    return PermanentError(f"unsupported file type: {what}", code=ErrorCode.UNSUPPORTED_MEDIA_TYPE)
+
+
+def _zip_kind(data: bytes, path: Path | None) -> FileKind:
+    try:
+        # The directory of a ZIP is at its end: read the whole file when there is one.
+        with zipfile.ZipFile(path if path is not None else io.BytesIO(data)) as archive:
+            names = set(archive.namelist())
+    except zipfile.BadZipFile:
+        raise PermanentError(
+            "the file looks like a ZIP container but is corrupt", code=ErrorCode.PARSE_ERROR
+        ) from None
+    for part, kind in _OOXML_PARTS.items():
+        if part in names:
+            return kind
+    raise unsupported("a ZIP archive (archives are not expanded)")
+
+
+def _decode(data: bytes) -> str:
+    sample = data[:_SAMPLE]
+    if b"\x00" in sample:
+        raise unsupported("binary data")
+    for encoding in (
+        ("utf-8-sig", "utf-16") if sample.startswith((b"\xff\xfe", b"\xfe\xff")) else ("utf-8-sig",)
+    ):
+        try:
+            text = data.decode(encoding)
+            break
+        except UnicodeDecodeError:
+            continue
+    else:
+        text = data.decode("latin-1")
+    controls = sum(1 for ch in text[:_SAMPLE] if ord(ch) < 32 and ch not in "\t\n\r\f")
+    if controls > max(8, len(text[:_SAMPLE]) // 100):
+        raise unsupported("binary data")
+    return text
+
+
+def _looks_like_csv(text: str) -> bool:
+    lines = [line for line in text[:_SAMPLE].splitlines() if line.strip()][:20]
+    if len(lines) < 2:
+        return False
+    try:
+        dialect = csv.Sniffer().sniff("\n".join(lines), delimiters=",;\t|")
+    except csv.Error:
+        return False
+    widths = {len(row) for row in csv.reader(lines, dialect)}
+    return len(widths) == 1 and widths.pop() > 1
+
+
+def detect(data: bytes, filename: str | None, path: Path | None = None) -> FileKind:
+    """The kind of a file, judged from its content; the name only tells Markdown and CSV from text.
+
+    `data` may be just the file's head when `path` gives the whole file.
+    """
+    if not data:
+        raise PermanentError("the file is empty", code=ErrorCode.EMPTY_DOCUMENT)
+    head = data[:16]
+    if data.lstrip()[:5] == b"%PDF-":
+        return FileKind.PDF
+    if head.startswith(b"PK\x03\x04"):
+        return _zip_kind(data, path)
+    for signature, what in _BINARY_SIGNATURES.items():
+        if head.startswith(signature):
+            raise unsupported(what)
+    text = _decode(data)
+    stripped = text.lstrip("\ufeff \t\r\n")
+    sample = stripped[:_SAMPLE].encode("utf-8", "replace")
+    name = (filename or "").lower()
+    if _EMAIL_HEADER.match(sample) and len(_EMAIL_HEADER.findall(sample[:4096])) >= 2:
+        return FileKind.EML
+    if _HTML_START.match(sample):
+        return FileKind.HTML
+    if stripped.startswith("<?xml") or (
+        stripped.startswith("<") and re.match(r"<[A-Za-z_][\w.:-]*[\s>/]", stripped)
+    ):
+        return FileKind.XML
+    if stripped[:1] in "[{":
+        try:
+            json.loads(stripped)
+            return FileKind.JSON
+        except ValueError:
+            pass
+    if name.endswith(_MD_EXTENSIONS):
+        return FileKind.MARKDOWN
+    if name.endswith(_CSV_EXTENSIONS) and _looks_like_csv(text):
+        return FileKind.CSV
+    return FileKind.TEXT

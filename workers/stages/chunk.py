@@ -1,0 +1,223 @@
+"""chunk: structure-aware splitting measured in the embedding model's own tokens.
+
+Chunks follow sections (a title starts a new chunk) and pages, pack whole sentences up to the
+token budget, overlap by trailing sentences when a section is split for size, and never exceed
+the model's max sequence length: the budget leaves room for the special tokens and for the
+contextual header the enrich stage prepends. Offsets point into the parsed text.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from typing import Any
+
+from shared.embedding import HEADER_TOKEN_BUDGET, SPECIAL_TOKENS, TokenCounter, token_counter
+from shared.errors import ErrorCode, RaglineError
+from shared.models import Document
+from workers.context import WorkerContext
+from workers.runner import StageResult
+
+_SENTENCE_END = re.compile(r"(?<=[.!?])\s+(?=[\"'(\[]?[A-Z0-9])|\n+")
+_PAGE_BREAK_MIN_FILL = 0.5
+
+
+@dataclass
+class Piece:
+    """A sentence (or shorter span) of one element, with its place in the parsed text."""
+
+    text: str
+    start: int
+    end: int
+    tokens: int
+    page_num: int | None
+    page_label: str | None
+    headings: tuple[str, ...]
+    section_start: bool = False
+
+
+@dataclass
+class Chunk:
+    text: str
+    char_start: int
+    char_end: int
+    token_count: int
+    page_num: int | None
+    page_label: str | None
+    headings: list[str] = field(default_factory=list)
+
+    def as_dict(self, idx: int) -> dict[str, Any]:
+        return {
+            "chunk_idx": idx,
+            "text": self.text,
+            "char_start": self.char_start,
+            "char_end": self.char_end,
+            "token_count": self.token_count,
+            "page_num": self.page_num,
+            "page_label": self.page_label,
+            "headings": self.headings,
+        }
+
+
+def body_budget(chunk_size: int, max_seq_length: int) -> int:
+    """Tokens left for a chunk's own text once special tokens and the header are reserved."""
+    return min(chunk_size, max_seq_length) - SPECIAL_TOKENS - HEADER_TOKEN_BUDGET
+
+
+def split_long(text: str, start: int, budget: int, counter: TokenCounter) -> list[tuple[str, int, int]]:
+    """Cut a span longer than the budget at token boundaries (code, tables, run-on text)."""
+    spans: list[tuple[str, int, int]] = []
+    offsets = counter.offsets(text)
+    for first in range(0, len(offsets), budget):
+        window = offsets[first : first + budget]
+        lo, hi = window[0][0], window[-1][1]
+        if first + budget < len(offsets):
+            hi = offsets[first + budget][0]
+        piece = text[lo:hi]
+        if piece.strip():
+            spans.append((piece, start + lo, start + hi))
+    return spans
+
+
+def _sentences(text: str, start: int) -> list[tuple[str, int, int]]:
+    spans: list[tuple[str, int, int]] = []
+    cursor = 0
+    for match in _SENTENCE_END.finditer(text):
+        if match.start() > cursor:
+            spans.append((text[cursor : match.start()], start + cursor, start + match.start()))
+        cursor = match.end()
+    if cursor < len(text):
+        spans.append((text[cursor:], start + cursor, start + len(text)))
+    return [span for span in spans if span[0].strip()]
+
+
+def pieces_of(elements: list[dict[str, Any]], budget: int, counter: TokenCounter) -> tuple[str, list[Piece]]:
+    """The parsed text (elements joined by blank lines) and its sentence pieces with headings."""
+    parts: list[str] = []
+    pieces: list[Piece] = []
+    headings: list[tuple[int, str]] = []
+    offset = 0
+    for element in elements:
+        text = element["text"]
+        page_num, page_label = element.get("page_number"), element.get("page_label")
+        is_title = element.get("type") == "Title"
+        if is_title:
+            depth = int(element.get("category_depth") or 0)
+            headings = [h for h in headings if h[0] < depth] + [(depth, " ".join(text.split())[:200])]
+        spans = _sentences(text, offset)
+        counts = counter.count([span[0] for span in spans]) if spans else []
+        for index, (span, count) in enumerate(zip(spans, counts, strict=True)):
+            sub_spans = [span] if count <= budget else split_long(span[0], span[1], budget, counter)
+            sub_counts = [count] if count <= budget else counter.count([s[0] for s in sub_spans])
+            for sub_index, (sub, sub_count) in enumerate(zip(sub_spans, sub_counts, strict=True)):
+                pieces.append(
+                    Piece(
+                        text=sub[0],
+                        start=sub[1],
+                        end=sub[2],
+                        tokens=sub_count,
+                        page_num=page_num,
+                        page_label=page_label,
+                        headings=tuple(h[1] for h in headings),
+                        section_start=is_title and index == 0 and sub_index == 0,
+                    )
+                )
+        parts.append(text)
+        offset += len(text) + 2
+    return "\n\n".join(parts), pieces
+
+
+def pack(pieces: list[Piece], parsed: str, budget: int, overlap: int, counter: TokenCounter) -> list[Chunk]:
+    """Greedily pack pieces into chunks of at most `budget` tokens."""
+    chunks: list[Chunk] = []
+    current: list[Piece] = []
+    size = 0
+
+    def close(last: bool = False) -> None:
+        if not current or (not last and all(p.section_start for p in current)):
+            return  # headings alone lead the next chunk, unless nothing follows them
+        text = parsed[current[0].start : current[-1].end]
+        chunks.append(
+            Chunk(
+                text=text,
+                char_start=current[0].start,
+                char_end=current[-1].end,
+                token_count=0,
+                page_num=current[0].page_num,
+                page_label=current[0].page_label,
+                headings=list(current[-1].headings),
+            )
+        )
+
+    for piece in pieces:
+        page_changed = bool(current) and piece.page_num != current[-1].page_num
+        section_break = piece.section_start and current and not all(p.section_start for p in current)
+        # +1: joining two pieces can cost a token at the seam.
+        if section_break or (page_changed and size >= budget * _PAGE_BREAK_MIN_FILL):
+            close()
+            current, size = [], 0
+        elif current and size + piece.tokens + 1 > budget:
+            close()
+            carried: list[Piece] = []
+            carried_size = 0
+            for previous in reversed(current):
+                if carried_size + previous.tokens > overlap or previous.section_start:
+                    break
+                carried.insert(0, previous)
+                carried_size += previous.tokens + 1
+            current, size = carried, carried_size
+        current.append(piece)
+        size += piece.tokens + 1
+    close(last=True)
+    counts = counter.count([chunk.text for chunk in chunks]) if chunks else []
+    for chunk, count in zip(chunks, counts, strict=True):
+        chunk.token_count = count
+    return [chunk for chunk in chunks if chunk.token_count <= budget] + [
+        piece_chunk
+        for chunk in chunks
+        if chunk.token_count > budget
+        for piece_chunk in _resplit(chunk, budget, counter)
+    ]
+
+
+def _resplit(chunk: Chunk, budget: int, counter: TokenCounter) -> list[Chunk]:
+    # Text joined across a seam can tokenize longer than its parts: cut it at token boundaries.
+    out = []
+    for text, start, end in split_long(chunk.text, chunk.char_start, budget, counter):
+        out.append(
+            Chunk(
+                text,
+                start,
+                end,
+                counter.count([text])[0],
+                chunk.page_num,
+                chunk.page_label,
+                list(chunk.headings),
+            )
+        )
+    return out
+
+
+def chunk_elements(
+    elements: list[dict[str, Any]], chunk_size: int, overlap: int, counter: TokenCounter
+) -> tuple[str, list[dict[str, Any]]]:
+    """Parsed text and the chunk dicts, in document order."""
+    budget = body_budget(chunk_size, counter.max_seq_length)
+    parsed, pieces = pieces_of(elements, budget, counter)
+    chunks = pack(pieces, parsed, budget, min(overlap, budget // 2), counter)
+    chunks.sort(key=lambda c: c.char_start)
+    return parsed, [chunk.as_dict(idx) for idx, chunk in enumerate(chunks)]
+
+
+def run(ctx: WorkerContext, doc: Document, parsed: dict[str, Any]) -> StageResult:
+    kb = ctx.registry.get_kb(doc.tenant_id, doc.kb_id)
+    counter = token_counter(ctx.settings.embedding)
+    text, chunks = chunk_elements(
+        parsed["elements"], kb.settings.chunk_size, kb.settings.chunk_overlap, counter
+    )
+    if not chunks:
+        raise RaglineError("the document holds no text to index", code=ErrorCode.EMPTY_DOCUMENT)
+    return StageResult(
+        artifact={**parsed, "text": text, "chunks": chunks},
+        updates={"chunk_count": len(chunks)},
+    )

@@ -1,0 +1,216 @@
+"""enrich: document title, language, keywords, and the "title › section" header embedded with each chunk."""
+
+from __future__ import annotations
+
+import math
+import re
+from collections import Counter
+from pathlib import PurePosixPath
+from typing import Any
+
+from shared.embedding import HEADER_TOKEN_BUDGET, TokenCounter, token_counter
+from shared.models import Document
+from workers.context import WorkerContext
+from workers.runner import StageResult
+
+_WORD = re.compile(r"[A-Za-z][A-Za-z0-9_+-]{2,}")
+_STOPWORDS = frozenset(
+    [
+        "about",
+        "above",
+        "after",
+        "again",
+        "against",
+        "all",
+        "also",
+        "and",
+        "any",
+        "are",
+        "because",
+        "been",
+        "before",
+        "being",
+        "below",
+        "between",
+        "both",
+        "but",
+        "can",
+        "cannot",
+        "could",
+        "did",
+        "does",
+        "doing",
+        "down",
+        "during",
+        "each",
+        "few",
+        "for",
+        "from",
+        "further",
+        "had",
+        "has",
+        "have",
+        "having",
+        "her",
+        "here",
+        "hers",
+        "herself",
+        "him",
+        "himself",
+        "his",
+        "how",
+        "into",
+        "its",
+        "itself",
+        "just",
+        "more",
+        "most",
+        "not",
+        "now",
+        "off",
+        "once",
+        "only",
+        "other",
+        "our",
+        "ours",
+        "out",
+        "over",
+        "own",
+        "same",
+        "she",
+        "should",
+        "some",
+        "such",
+        "than",
+        "that",
+        "the",
+        "their",
+        "theirs",
+        "them",
+        "themselves",
+        "then",
+        "there",
+        "these",
+        "they",
+        "this",
+        "those",
+        "through",
+        "too",
+        "under",
+        "until",
+        "very",
+        "was",
+        "were",
+        "what",
+        "when",
+        "where",
+        "which",
+        "while",
+        "who",
+        "whom",
+        "why",
+        "will",
+        "with",
+        "would",
+        "you",
+        "your",
+        "yours",
+        "yourself",
+        "yourselves",
+        "may",
+        "might",
+        "must",
+        "shall",
+        "one",
+        "two",
+        "use",
+        "used",
+        "using",
+        "see",
+    ]
+)
+SEPARATOR = " › "
+KEYWORDS_PER_CHUNK = 5
+KEYWORDS_PER_DOC = 10
+
+
+def document_title(doc: Document, title_hint: str | None) -> str:
+    """The caller's title, else the first heading, else the file name without extension."""
+    given = doc.metadata.get("title")
+    if isinstance(given, str) and given.strip():
+        return given.strip()[:300]
+    if title_hint and title_hint.strip():
+        return " ".join(title_hint.split())[:300]
+    name = PurePosixPath(doc.filename or doc.doc_id).name
+    return PurePosixPath(name).stem or name
+
+
+def detect_language(text: str, default: str) -> str:
+    """ISO 639-1 code of the text's language (langdetect, deterministic seed), else the default."""
+    sample = text[:5000]
+    if len(_WORD.findall(sample)) < 5:
+        return default
+    from langdetect import DetectorFactory, LangDetectException, detect
+
+    DetectorFactory.seed = 0
+    try:
+        return str(detect(sample)).split("-")[0]
+    except LangDetectException:
+        return default
+
+
+def _terms(text: str) -> list[str]:
+    return [w.lower() for w in _WORD.findall(text) if w.lower() not in _STOPWORDS]
+
+
+def keywords(chunk_texts: list[str]) -> tuple[list[list[str]], list[str]]:
+    """Per-chunk and per-document keywords by TF-IDF over the document's own chunks."""
+    counts = [Counter(_terms(text)) for text in chunk_texts]
+    df: Counter[str] = Counter()
+    for count in counts:
+        df.update(count.keys())
+    n = len(counts)
+    per_chunk = []
+    for count in counts:
+        scored = sorted(count.items(), key=lambda kv: (-kv[1] * math.log(1 + n / df[kv[0]]), kv[0]))
+        per_chunk.append([term for term, _ in scored[:KEYWORDS_PER_CHUNK]])
+    total: Counter[str] = Counter()
+    for count in counts:
+        total.update(count)
+    doc_keywords = [term for term, _ in total.most_common(KEYWORDS_PER_DOC)]
+    return per_chunk, doc_keywords
+
+
+def context_header(title: str, headings: list[str], counter: TokenCounter) -> str:
+    """ "title › section › subsection", shortened from the outermost heading to fit its budget."""
+    parts = [title, *[h for h in headings if h != title]]
+    while parts:
+        header = SEPARATOR.join(parts)
+        # the header is followed by a newline in the embedded text: count one token for it
+        if counter.count([header])[0] + 1 <= HEADER_TOKEN_BUDGET:
+            return header
+        parts = parts[:-1] if len(parts) > 1 else []
+        if not parts:
+            ids = counter.offsets(title)[: HEADER_TOKEN_BUDGET - 1]
+            return title[: ids[-1][1]] if ids else ""
+    return ""
+
+
+def run(ctx: WorkerContext, doc: Document, chunked: dict[str, Any]) -> StageResult:
+    kb = ctx.registry.get_kb(doc.tenant_id, doc.kb_id)
+    counter = token_counter(ctx.settings.embedding)
+    chunks: list[dict[str, Any]] = chunked["chunks"]
+    title = document_title(doc, chunked.get("title_hint"))
+    language = detect_language(chunked.get("text", ""), kb.settings.language)
+    per_chunk, doc_keywords = keywords([c["text"] for c in chunks])
+    for chunk, chunk_keywords in zip(chunks, per_chunk, strict=True):
+        chunk["keywords"] = chunk_keywords
+        chunk["context"] = context_header(title, chunk["headings"], counter)
+    artifact = {
+        **chunked,
+        "title": title,
+        "language": language,
+        "keywords": doc_keywords,
+        "chunks": chunks,
+    }
+    return StageResult(artifact=artifact, updates={"title": title})

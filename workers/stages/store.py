@@ -1,0 +1,128 @@
+"""store: bulk-index the chunks of this version under a new generation, then retire the old one.
+
+Chunk `_id`s are deterministic (document, generation, index): a redelivered store overwrites
+instead of duplicating. Every item of every bulk response is checked; failed items are retried
+with backoff when the failure is transient. The registry flips `active_generation` (in the
+runner's write that marks the document ready) before the old generation's chunks are deleted,
+so a reader never finds the document without chunks.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import time
+from typing import Any
+
+from opensearchpy import OpenSearch
+from opensearchpy.exceptions import ConnectionError as OSConnectionError
+from opensearchpy.exceptions import TransportError
+
+from shared.errors import ErrorCode, PermanentError, TransientError
+from shared.models import Document, utcnow
+from shared.search.chunks import delete_generations
+from shared.search.schema import chunks_alias
+from workers.context import WorkerContext
+from workers.runner import StageResult
+from workers.stages.embed import decode_b64
+
+log = logging.getLogger(__name__)
+
+BULK_ACTIONS = 200
+ITEM_RETRIES = 4
+_RETRYABLE_STATUS = {429, 502, 503, 504}
+
+
+def chunk_doc_id(doc: Document, generation: int, chunk_idx: int) -> str:
+    key = f"{doc.tenant_id}/{doc.kb_id}/{doc.doc_id}/g{generation}/{chunk_idx}"
+    return hashlib.sha256(key.encode()).hexdigest()[:40]
+
+
+def chunk_source(
+    doc: Document, generation: int, chunk: dict[str, Any], title: str, language: str
+) -> dict[str, Any]:
+    return {
+        "tenant_id": doc.tenant_id,
+        "kb_id": doc.kb_id,
+        "doc_id": doc.doc_id,
+        "generation": generation,
+        "chunk_idx": chunk["chunk_idx"],
+        "chunk_id": f"{doc.doc_id}#{chunk['chunk_idx']}",
+        "text": chunk["text"],
+        "title": title,
+        "headings": chunk["headings"],
+        "context": chunk.get("context"),
+        "keywords": chunk.get("keywords", []),
+        "language": language,
+        "page_num": chunk.get("page_num"),
+        "page_label": chunk.get("page_label"),
+        "char_start": chunk.get("char_start"),
+        "char_end": chunk.get("char_end"),
+        "token_count": chunk.get("token_count"),
+        "source_uri": doc.source_uri,
+        "filename": doc.filename,
+        "mime_type": doc.mime_type,
+        "metadata": doc.metadata,
+        "created_at": utcnow().isoformat(),
+        "embedding": decode_b64(chunk["embedding_b64"]),
+    }
+
+
+def bulk_index(client: OpenSearch, index: str, docs: list[tuple[str, dict[str, Any]]]) -> None:
+    """Index (id, source) pairs; retry transient item failures, raise on permanent ones."""
+    pending = docs
+    for attempt in range(ITEM_RETRIES + 1):
+        failed: list[tuple[str, dict[str, Any]]] = []
+        for first in range(0, len(pending), BULK_ACTIONS):
+            batch = pending[first : first + BULK_ACTIONS]
+            body: list[dict[str, Any]] = []
+            for doc_id, source in batch:
+                body += [{"index": {"_index": index, "_id": doc_id}}, source]
+            try:
+                response = client.bulk(body=body)
+            except (OSConnectionError, TransportError) as error:
+                status = getattr(error, "status_code", None)
+                if isinstance(status, int) and status not in _RETRYABLE_STATUS:
+                    raise
+                raise TransientError(f"OpenSearch bulk request failed ({type(error).__name__})") from None
+            if not response.get("errors"):
+                continue
+            for (doc_id, source), item in zip(batch, response["items"], strict=True):
+                result = item["index"]
+                if result.get("status", 500) < 300:
+                    continue
+                if result.get("status") in _RETRYABLE_STATUS:
+                    failed.append((doc_id, source))
+                    continue
+                reason = result.get("error", {}).get("reason", "unknown")
+                raise PermanentError(
+                    f"a chunk was rejected by the index: {reason[:300]}", code=ErrorCode.INVALID_ARGUMENT
+                )
+        if not failed:
+            return
+        log.warning("bulk: %d items to retry (attempt %d)", len(failed), attempt + 1)
+        pending = failed
+        time.sleep(min(8.0, 0.5 * 2**attempt))
+    raise TransientError(f"{len(pending)} chunks could not be indexed after {ITEM_RETRIES} retries")
+
+
+def run(ctx: WorkerContext, doc: Document, embedded: dict[str, Any]) -> StageResult:
+    index = chunks_alias(ctx.settings)
+    generation = doc.content_version
+    chunks = embedded["chunks"]
+    title, language = embedded["title"], embedded.get("language", "en")
+    sources = [
+        (chunk_doc_id(doc, generation, c["chunk_idx"]), chunk_source(doc, generation, c, title, language))
+        for c in chunks
+    ]
+    bulk_index(ctx.client, index, sources)
+    ctx.client.indices.refresh(index=index)
+
+    def retire_old() -> None:
+        delete_generations(ctx.client, index, doc.tenant_id, doc.kb_id, doc.doc_id, keep=generation)
+
+    return StageResult(
+        artifact=None,
+        updates={"active_generation": generation, "chunk_count": len(chunks)},
+        after=retire_old,
+    )
