@@ -149,7 +149,7 @@ class SentenceTransformerEncoder:
 
         self._model = SentenceTransformer(str(directory), device="cpu")
         self.max_seq_length = int(self._model.max_seq_length or 256)
-        self.dimension = int(self._model.get_sentence_embedding_dimension() or 0)
+        self.dimension = int(self._model.get_embedding_dimension() or 0)
         self._batch_size = batch_size
         self._counter = TokenCounter(directory)
 

@@ -149,6 +149,7 @@ class Document(BaseModel):
     chunk_count: int = 0
     pii: dict[str, int] = Field(default_factory=dict)
     timings: dict[str, float] = Field(default_factory=dict)
+    stats: dict[str, dict[str, int]] = Field(default_factory=dict)
     transitions: list[dict[str, Any]] = Field(default_factory=list)
     queue: str = "bulk"
     batch_id: str | None = None

@@ -2,15 +2,33 @@
 
 from __future__ import annotations
 
-from shared.models import Stage
-from workers.runner import StageFn
+from typing import Any
+
+from shared.errors import RaglineError
+from shared.models import Document, Stage
+from workers.context import WorkerContext
+from workers.runner import BatchFn, StageFn, StageResult
 from workers.stages import chunk, embed, enrich, parse, pii, store
+
+
+def _single(batch: BatchFn) -> StageFn:
+    def run(ctx: WorkerContext, doc: Document, item: Any) -> StageResult:
+        result = batch(ctx, [(doc, item)])[0]
+        if isinstance(result, RaglineError):
+            raise result
+        return result
+
+    return run
+
+
+# Embedding batches documents together: many small documents must not mean batches of one.
+BATCH_FUNCTIONS: dict[Stage, BatchFn] = {Stage.EMBED: embed.run_batch}
 
 STAGE_FUNCTIONS: dict[Stage, StageFn] = {
     Stage.PARSE: parse.run,
     Stage.CHUNK: chunk.run,
     Stage.ENRICH: enrich.run,
     Stage.PII: pii.run,
-    Stage.EMBED: embed.run,
+    Stage.EMBED: _single(embed.run_batch),
     Stage.STORE: store.run,
 }

@@ -18,7 +18,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import timedelta
-from typing import Any
+from typing import Any, NoReturn
 
 from celery.exceptions import SoftTimeLimitExceeded
 
@@ -26,12 +26,13 @@ from shared.errors import ErrorCode, RaglineError, TransientError
 from shared.ingest import QUEUE_LEASE, STAGE_TASK, StageRef
 from shared.models import PIPELINE, STAGE_STATUS, DocStatus, Document, ErrorInfo, Stage, utcnow
 from shared.queue import enqueue
-from shared.registry import Conflict, Versioned
+from shared.registry import Conflict, Versioned, doc_key
 from workers.context import WorkerContext
 
 log = logging.getLogger(__name__)
 
 STAGE_LEASE = timedelta(minutes=15)
+PEER_DOCS = 31  # documents taken along by a batched stage, besides its own
 MAX_TRANSITIONS = 64
 WORKER_ID = f"{socket.gethostname()}:{os.getpid()}"
 
@@ -47,6 +48,12 @@ class StageResult:
 
 
 StageFn = Callable[[WorkerContext, Document, Any], StageResult]
+# A stage that can run several documents at once; one result (or error) per document, in order.
+BatchFn = Callable[[WorkerContext, list[tuple[Document, Any]]], list["StageResult | RaglineError"]]
+
+
+class Done(Exception):
+    """Raised to the task wrapper: this delivery is finished (the document was failed)."""
 
 
 class Retry(Exception):
@@ -138,8 +145,15 @@ def backoff(attempt: int, cap: float) -> float:
     return random.uniform(0, min(cap, 2.0**attempt))  # noqa: S311  (jitter, not security)
 
 
-def run_stage(ctx: WorkerContext, ref: StageRef, fn: StageFn, retries_done: int) -> None:
-    """Run `fn` for the document in `ref` and hand the document to the next stage."""
+def run_stage(
+    ctx: WorkerContext, ref: StageRef, fn: StageFn, retries_done: int, *, batch_fn: BatchFn | None = None
+) -> None:
+    """Run `fn` for the document in `ref` and hand the document to the next stage.
+
+    With `batch_fn`, the task also takes other documents waiting at the same stage and runs them
+    together (embedding many small documents in one model batch). Their own queued tasks then
+    find them moved on and do nothing.
+    """
     celery = ctx.settings.celery
     claimed = _claim(ctx, ref, attempt_limit=celery.max_retries + 1)
     if claimed is None:
@@ -147,22 +161,23 @@ def run_stage(ctx: WorkerContext, ref: StageRef, fn: StageFn, retries_done: int)
             "skip %s for %s/%s v%d: stale or duplicate", ref.stage, ref.kb_id, ref.doc_id, ref.content_version
         )
         return
+    items = [(ref, claimed)]
+    if batch_fn is not None:
+        items += _claim_peers(ctx, ref, celery.max_retries + 1)
     started = time.perf_counter()
     try:
-        result = fn(ctx, claimed.doc, _load_input(ctx, ref, claimed.doc))
-    except TransientError as error:
-        _release_for_retry(ctx, ref, claimed, error)
-        if retries_done >= celery.max_retries:
-            _finish_failed(ctx, ref, RaglineError(str(error.message), code=ErrorCode.RETRIES_EXHAUSTED))
-            return
-        raise Retry(backoff(retries_done + 1, celery.retry_backoff_max_s)) from error
+        inputs = [(c.doc, _load_input(ctx, r, c.doc)) for r, c in items]
+        results = batch_fn(ctx, inputs) if batch_fn is not None else [fn(ctx, claimed.doc, inputs[0][1])]
     except RaglineError as error:
-        _finish_failed(ctx, ref, error)
-        return
+        if not error.retryable:
+            for item_ref, _ in items:
+                _finish_failed(ctx, item_ref, error)
+            return
+        _retry_or_fail(ctx, items, error, retries_done)
     except SoftTimeLimitExceeded:
-        _finish_failed(
-            ctx, ref, RaglineError(f"the {ref.stage} stage ran out of time", code=ErrorCode.TIMEOUT)
-        )
+        timeout = RaglineError(f"the {ref.stage} stage ran out of time", code=ErrorCode.TIMEOUT)
+        for item_ref, _ in items:
+            _finish_failed(ctx, item_ref, timeout)
         return
     except Exception as error:
         # A bug or an unexpected library failure: retried like a transient error (bounded),
@@ -170,13 +185,56 @@ def run_stage(ctx: WorkerContext, ref: StageRef, fn: StageFn, retries_done: int)
         log.exception("unexpected error in %s for %s/%s", ref.stage, ref.kb_id, ref.doc_id)
         internal = TransientError(f"internal error in the {ref.stage} stage ({type(error).__name__})")
         internal.code = ErrorCode.INTERNAL
-        _release_for_retry(ctx, ref, claimed, internal)
-        if retries_done >= celery.max_retries:
-            _finish_failed(ctx, ref, RaglineError(internal.message, code=ErrorCode.RETRIES_EXHAUSTED))
-            return
-        raise Retry(backoff(retries_done + 1, celery.retry_backoff_max_s)) from error
+        _retry_or_fail(ctx, items, internal, retries_done)
     elapsed = time.perf_counter() - started
-    _advance(ctx, ref, claimed, result, elapsed)
+    weights = [max(1, c.doc.chunk_count) for _, c in items]
+    for (item_ref, item_claim), result, weight in zip(items, results, weights, strict=True):
+        if isinstance(result, RaglineError):
+            _finish_failed(ctx, item_ref, result)
+        else:
+            _advance(ctx, item_ref, item_claim, result, elapsed * weight / sum(weights))
+
+
+def _retry_or_fail(
+    ctx: WorkerContext, items: list[tuple[StageRef, Versioned]], error: RaglineError, retries_done: int
+) -> NoReturn:
+    """Release every claimed document; retry the task's own document later, or fail it for good."""
+    celery = ctx.settings.celery
+    (own_ref, own), peers = items[0], items[1:]
+    _release_for_retry(ctx, own_ref, own, error)
+    for peer_ref, peer in peers:
+        # A peer's own task may have come and gone while this one held it: send it again.
+        _release_for_retry(ctx, peer_ref, peer, error)
+        _send(ctx, peer_ref, peer.doc.queue)
+    if retries_done >= celery.max_retries:
+        _finish_failed(ctx, own_ref, RaglineError(error.message, code=ErrorCode.RETRIES_EXHAUSTED))
+        raise Done
+    raise Retry(backoff(retries_done + 1, celery.retry_backoff_max_s))
+
+
+def _claim_peers(ctx: WorkerContext, ref: StageRef, attempt_limit: int) -> list[tuple[StageRef, Versioned]]:
+    """Claim other unclaimed documents waiting at this stage, up to the batch limit."""
+    status = STAGE_STATUS[ref.stage]
+    query = {
+        "bool": {
+            "filter": [{"term": {"status": status.value}}],
+            "must_not": [
+                {"exists": {"field": "claimed_by"}},
+                {"ids": {"values": [doc_key(ref.tenant_id, ref.kb_id, ref.doc_id)]}},
+            ],
+        }
+    }
+    hits = ctx.registry.search_docs(query, size=PEER_DOCS, sort=[{"updated_at": "asc"}])
+    peers = []
+    for hit in hits:
+        source = hit["_source"]
+        peer_ref = StageRef(
+            source["tenant_id"], source["kb_id"], source["doc_id"], source["content_version"], ref.stage
+        )
+        peer = _claim(ctx, peer_ref, attempt_limit)
+        if peer is not None:
+            peers.append((peer_ref, peer))
+    return peers
 
 
 def _release_for_retry(ctx: WorkerContext, ref: StageRef, claimed: Versioned, error: RaglineError) -> None:
@@ -237,8 +295,11 @@ def _advance(
     if nxt is None:
         ctx.blobs.drop_artifacts(artifact_key(ref, stage) for stage in PIPELINE)
         return
-    next_ref = StageRef(ref.tenant_id, ref.kb_id, ref.doc_id, ref.content_version, nxt)
+    _send(ctx, StageRef(ref.tenant_id, ref.kb_id, ref.doc_id, ref.content_version, nxt), doc.queue)
+
+
+def _send(ctx: WorkerContext, ref: StageRef, queue: str) -> None:
     try:
-        enqueue(ctx.sender, ctx.settings, STAGE_TASK, kwargs=next_ref.as_kwargs(), queue=doc.queue)
+        enqueue(ctx.sender, ctx.settings, STAGE_TASK, kwargs=ref.as_kwargs(), queue=queue)
     except Exception:  # broker unreachable: the reconciler re-sends once the lease expires
-        log.warning("enqueue of %s failed for %s/%s", nxt, ref.kb_id, ref.doc_id)
+        log.warning("enqueue of %s failed for %s/%s", ref.stage, ref.kb_id, ref.doc_id)

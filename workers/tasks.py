@@ -11,8 +11,8 @@ from celery import Task, shared_task
 from shared.ingest import STAGE_TASK, StageRef
 from shared.models import Stage
 from workers.context import worker_context
-from workers.pipeline import STAGE_FUNCTIONS
-from workers.runner import Retry, run_stage
+from workers.pipeline import BATCH_FUNCTIONS, STAGE_FUNCTIONS
+from workers.runner import Done, Retry, run_stage
 
 
 @shared_task(name="ragline.ping", acks_late=False)
@@ -28,6 +28,14 @@ def stage(
     """Run one stage for one document, then enqueue the next (see workers/runner.py)."""
     ref = StageRef(tenant_id, kb_id, doc_id, content_version, Stage(stage))
     try:
-        run_stage(worker_context(), ref, STAGE_FUNCTIONS[ref.stage], retries_done=self.request.retries)
+        run_stage(
+            worker_context(),
+            ref,
+            STAGE_FUNCTIONS[ref.stage],
+            retries_done=self.request.retries,
+            batch_fn=BATCH_FUNCTIONS.get(ref.stage),
+        )
+    except Done:
+        return
     except Retry as retry:
         raise self.retry(countdown=retry.countdown) from None

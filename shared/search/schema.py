@@ -84,6 +84,7 @@ DOCS_MAPPING: dict[str, Any] = {
         "chunk_count": {"type": "integer"},
         "pii": {"type": "object", "enabled": False},
         "timings": {"type": "object", "enabled": False},
+        "stats": {"type": "object", "enabled": False},
         "transitions": {"type": "object", "enabled": False},
         "queue": {"type": "keyword"},
         "batch_id": {"type": "keyword"},
@@ -158,13 +159,11 @@ def chunks_mapping(settings: Settings, dimension: int) -> dict[str, Any]:
 
 
 def ensure_indexes(client: OpenSearch, settings: Settings) -> None:
-    """Create the registry, KB and chunk indexes and the chunk alias if they do not exist."""
-    _create(
-        client, kbs_index(settings), {"settings": _small_index_settings(settings), "mappings": KBS_MAPPING}
-    )
-    _create(
-        client, docs_index(settings), {"settings": _small_index_settings(settings), "mappings": DOCS_MAPPING}
-    )
+    """Create the registry, KB and chunk indexes and the chunk alias; add fields new to this version."""
+    for name, mapping in ((kbs_index(settings), KBS_MAPPING), (docs_index(settings), DOCS_MAPPING)):
+        if not _create(client, name, {"settings": _small_index_settings(settings), "mappings": mapping}):
+            # Adding fields is always allowed; a changed field type fails here, loudly.
+            client.indices.put_mapping(index=name, body={"properties": mapping["properties"]})
     alias = chunks_alias(settings)
     if not client.indices.exists_alias(name=alias):
         physical = chunks_index(settings, settings.embedding.model)
@@ -184,12 +183,15 @@ def ensure_indexes(client: OpenSearch, settings: Settings) -> None:
         _create(client, physical, body)
 
 
-def _create(client: OpenSearch, name: str, body: dict[str, Any]) -> None:
+def _create(client: OpenSearch, name: str, body: dict[str, Any]) -> bool:
+    """Create the index; False when it existed already."""
     if client.indices.exists(index=name):
-        return
+        return False
     try:
         client.indices.create(index=name, body=body)
     except RequestError as error:
         # Two processes may race to create it; the loser finds it there.
         if error.error != "resource_already_exists_exception":
             raise
+        return False
+    return True

@@ -29,13 +29,13 @@ def _pids(settings: Settings) -> dict[str, str]:
     return {name: path.read_text().strip() for name, path in files.items()}
 
 
-def test_status_reports_every_service_and_where_it_listens() -> None:
+def test_status_reports_every_service_and_where_it_listens(settings: Settings) -> None:
     result = _ragline("status")
     assert result.returncode == 0, result.stdout + result.stderr
     for service in SERVICES:
         assert f"{service}: running" in result.stdout
-    assert "127.0.0.1:9200" in result.stdout
-    assert "127.0.0.1:6379" in result.stdout
+    assert settings.opensearch.url in result.stdout
+    assert settings.redis.url.rsplit("/", 1)[0] in result.stdout
 
 
 def test_up_again_is_harmless(settings: Settings) -> None:

@@ -259,3 +259,20 @@ def test_scanned_pdf_pages_are_ocred(
     text = " ".join(c["text"] for c in chunks_of(opensearch, settings, kb, "scan.pdf")).lower()
     assert "boiler pressure valve" in text
     assert {c["page_num"] for c in chunks_of(opensearch, settings, kb, "scan.pdf")} == {1}
+
+
+def test_many_small_documents_share_embedding_batches(registry: Registry, ingestor: Ingestor) -> None:
+    kb = new_kb(registry, pii_policy="off")
+    names = [f"memo-{i}.txt" for i in range(16)]
+    for i, name in enumerate(names):
+        ingestor.submit(
+            kb.tenant_id,
+            kb.kb_id,
+            f"Memo {i}: the shipment {i * 13} left the dock.\n".encode(),
+            filename=name,
+        )
+    docs = wait_terminal(registry, kb, names)
+    assert all(doc.status == DocStatus.READY for doc in docs.values())
+    batches = [doc.stats["embed"]["batch_documents"] for doc in docs.values()]
+    print(f"documents per embedding batch: {sorted(batches)}")
+    assert max(batches) > 1

@@ -13,7 +13,7 @@ from typing import Any
 import numpy as np
 
 from shared.embedding import encoder
-from shared.errors import ErrorCode, PermanentError
+from shared.errors import ErrorCode, PermanentError, RaglineError
 from shared.models import Document
 from workers.context import WorkerContext
 from workers.runner import StageResult
@@ -39,31 +39,57 @@ def decode_b64(value: str) -> list[float]:
     return values
 
 
-def run(ctx: WorkerContext, doc: Document, cleaned: dict[str, Any]) -> StageResult:
+def run_batch(
+    ctx: WorkerContext, items: list[tuple[Document, dict[str, Any]]]
+) -> list[StageResult | RaglineError]:
+    """Embed the chunks of several documents in shared model batches."""
     settings = ctx.settings.embedding
     model = encoder(settings)
-    chunks: list[dict[str, Any]] = cleaned["chunks"]
-    texts = [embedded_text(c) for c in chunks]
-    counts = model.count_tokens(texts)
-    too_long = [i for i, n in enumerate(counts) if n > model.max_seq_length]
-    if too_long:
-        # The chunker's budget makes this impossible; refusing beats silently truncating.
-        raise PermanentError(
-            f"chunk {too_long[0]} exceeds the model's {model.max_seq_length} tokens", code=ErrorCode.INTERNAL
-        )
-    keys = [cache_key(settings.model, t) for t in texts]
+    results: list[StageResult | RaglineError] = []
+    texts_of: list[list[str]] = []
+    for _, cleaned in items:
+        texts = [embedded_text(c) for c in cleaned["chunks"]]
+        longest = max(model.count_tokens(texts), default=0)
+        if longest > model.max_seq_length:
+            # The chunker's budget makes this impossible; refusing beats silently truncating.
+            texts_of.append([])
+            results.append(
+                PermanentError(
+                    f"a chunk has {longest} tokens, over the model's {model.max_seq_length}",
+                    code=ErrorCode.INTERNAL,
+                )
+            )
+        else:
+            texts_of.append(texts)
+            results.append(StageResult(artifact=None))
+    all_texts = [t for texts in texts_of for t in texts]
+    keys = [cache_key(settings.model, t) for t in all_texts]
     cached = ctx.redis.mget(keys) if keys else []
     vectors: list[str | None] = [c.decode() if isinstance(c, bytes) else c for c in cached]
     missing = [i for i, v in enumerate(vectors) if v is None]
     if missing:
-        fresh = model.encode([texts[i] for i in missing])
+        fresh = model.encode([all_texts[i] for i in missing])
         pipe = ctx.redis.pipeline(transaction=False)
         for i, vector in zip(missing, fresh, strict=True):
             encoded = encode_b64(vector)
             vectors[i] = encoded
             pipe.set(keys[i], encoded, ex=CACHE_TTL_S)
         pipe.execute()
-    for chunk, vector in zip(chunks, vectors, strict=True):
-        chunk["embedding_b64"] = vector
-    stats = {"embedded": len(missing), "cached": len(chunks) - len(missing)}
-    return StageResult(artifact={**cleaned, "embedding_stats": stats})
+    missing_set = set(missing)
+    offset = 0
+    for position, ((doc, cleaned), texts) in enumerate(zip(items, texts_of, strict=True)):
+        result = results[position]
+        if isinstance(result, RaglineError):
+            continue
+        span = range(offset, offset + len(texts))
+        for chunk, i in zip(cleaned["chunks"], span, strict=True):
+            chunk["embedding_b64"] = vectors[i]
+        stats = {
+            "embedded": sum(1 for i in span if i in missing_set),
+            "cached": sum(1 for i in span if i not in missing_set),
+            "batch_documents": len(items),
+        }
+        result.artifact = cleaned
+        result.updates = {"stats": {**doc.stats, "embed": stats}}
+        offset += len(texts)
+    return results
