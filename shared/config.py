@@ -167,6 +167,60 @@ class PiiSettings(_Section):
     )
 
 
+class ApiKey(_Section):
+    """One API key: the tenant it acts for and what it may do."""
+
+    key: SecretStr = Field(description="The secret sent as `Authorization: Bearer` or `X-Api-Key`.")
+    tenant: str = Field(pattern=r"^[a-z0-9][a-z0-9_-]{0,62}$", description="Tenant the key acts for.")
+    role: Literal["read", "write", "admin"] = Field("read", description="read < write < admin.")
+    name: str = Field("", description="A label for logs; never the key itself.")
+
+    @field_validator("key")
+    @classmethod
+    def _long_enough(cls, value: SecretStr) -> SecretStr:
+        if len(value.get_secret_value()) < 16:
+            raise ValueError("API keys must be at least 16 characters")
+        return value
+
+
+class AuthSettings(_Section):
+    """Who may call the HTTP surfaces. Without keys, anonymous access must be asked for explicitly."""
+
+    api_keys: list[ApiKey] = Field(default_factory=list, description="Accepted API keys.")
+    keys_file: Path | None = Field(None, description="JSON file with more keys (same shape as api_keys).")
+    allow_anonymous: bool = Field(
+        False,
+        description="Serve without keys, as the configured tenant with the admin role (local use only).",
+    )
+
+
+class ApiSettings(_Section):
+    """The HTTP server (REST and MCP) and its request limits."""
+
+    host: str = Field("127.0.0.1", description="Bind address.")
+    port: int = Field(8000, ge=1, le=65535, description="Bind port.")
+    max_file_bytes: int = Field(100 << 20, ge=1, description="Largest accepted file.")
+    max_request_bytes: int = Field(512 << 20, ge=1, description="Largest accepted request body.")
+    interactive_max_bytes: int = Field(
+        5 << 20, ge=0, description="Single uploads up to this size go to the interactive queue."
+    )
+    allowed_hosts: list[str] = Field(
+        default_factory=lambda: ["127.0.0.1", "localhost", "[::1]"],
+        description="Host headers accepted on /mcp (DNS-rebinding protection); add your public name.",
+    )
+    allowed_origins: list[str] = Field(
+        default_factory=list, description="Browser origins accepted on /mcp besides the allowed hosts."
+    )
+
+
+class SearchSettings(_Section):
+    """Defaults of the hybrid search."""
+
+    rrf_k: int = Field(60, ge=1, le=1000, description="RRF constant k.")
+    candidates: int = Field(100, ge=10, le=1000, description="Hits each arm fetches before fusion.")
+    query_cache_size: int = Field(1024, ge=0, le=100_000, description="Query embeddings kept per process.")
+
+
 class Settings(BaseSettings):
     """All of Ragline's configuration."""
 
@@ -195,6 +249,9 @@ class Settings(BaseSettings):
     embedding: EmbeddingSettings = Field(default_factory=EmbeddingSettings)
     parse: ParseSettings = Field(default_factory=ParseSettings)
     pii: PiiSettings = Field(default_factory=PiiSettings)
+    auth: AuthSettings = Field(default_factory=AuthSettings)
+    api: ApiSettings = Field(default_factory=ApiSettings)
+    search: SearchSettings = Field(default_factory=SearchSettings)
 
     @classmethod
     def settings_customise_sources(

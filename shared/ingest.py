@@ -156,6 +156,35 @@ class Ingestor:
         self._start(stored)
         return SubmitResult(doc_id, outcome, DocStatus.QUEUED, doc.content_version)
 
+    def reingest(self, tenant_id: str, kb_id: str, doc_id: str) -> SubmitResult:
+        """Run the pipeline again from the stored bytes (after a fix, or new KB settings)."""
+        for _ in range(5):
+            current = self.registry.require_doc(tenant_id, kb_id, doc_id)
+            previous = current.doc
+            if previous.status in (DocStatus.DELETING, DocStatus.DELETED):
+                raise RaglineError(f"document '{doc_id}' was deleted", code=ErrorCode.NOT_FOUND)
+            now = utcnow()
+            doc = previous.model_copy(deep=True)
+            doc.content_version += 1
+            doc.status, doc.stage, doc.progress, doc.attempts, doc.error = (
+                DocStatus.QUEUED,
+                None,
+                0.0,
+                0,
+                None,
+            )
+            doc.claimed_by, doc.lease_until = None, now + QUEUE_LEASE
+            doc.transitions = [*doc.transitions, {"status": DocStatus.QUEUED.value, "at": now.isoformat()}][
+                -64:
+            ]
+            try:
+                stored = self.registry.replace_doc(current, doc)
+            except Conflict:
+                continue
+            self._start(stored)
+            return SubmitResult(doc_id, Outcome.UPDATED, DocStatus.QUEUED, doc.content_version)
+        raise RaglineError(f"document '{doc_id}' is being changed concurrently", code=ErrorCode.CONFLICT)
+
     def delete(self, tenant_id: str, kb_id: str, doc_id: str) -> Document:
         """Remove a document's chunks from both search paths and mark it `deleted`.
 
@@ -200,7 +229,7 @@ class Ingestor:
         ref = StageRef(doc.tenant_id, doc.kb_id, doc.doc_id, doc.content_version, Stage.PARSE)
         try:
             enqueue(self.sender, self.settings, STAGE_TASK, kwargs=ref.as_kwargs(), queue=doc.queue)
-        except Exception:  # the broker is down: the reconciler re-sends after the lease
+        except Exception:  # noqa: BLE001  (broker down, any error type: the reconciler re-sends)
             log.warning("enqueue failed for %s/%s; the reconciler will retry", doc.kb_id, doc.doc_id)
 
 

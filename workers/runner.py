@@ -27,6 +27,7 @@ from shared.ingest import QUEUE_LEASE, STAGE_TASK, StageRef
 from shared.models import PIPELINE, STAGE_STATUS, DocStatus, Document, ErrorInfo, Stage, utcnow
 from shared.queue import enqueue
 from shared.registry import Conflict, Versioned, doc_key
+from shared.stage_metrics import record_stage
 from workers.context import WorkerContext
 
 log = logging.getLogger(__name__)
@@ -270,6 +271,8 @@ def _advance(
     for name, value in result.updates.items():
         setattr(doc, name, value)
     doc.timings = {**doc.timings, ref.stage.value: round(elapsed, 4)}
+    with contextlib.suppress(Exception):  # metrics never fail a document
+        record_stage(ctx.redis, ref.stage.value, elapsed)
     doc.progress = max(doc.progress, (PIPELINE.index(ref.stage) + 1) / len(PIPELINE))
     doc.error = None
     doc.claimed_by = None
@@ -301,5 +304,5 @@ def _advance(
 def _send(ctx: WorkerContext, ref: StageRef, queue: str) -> None:
     try:
         enqueue(ctx.sender, ctx.settings, STAGE_TASK, kwargs=ref.as_kwargs(), queue=queue)
-    except Exception:  # broker unreachable: the reconciler re-sends once the lease expires
+    except Exception:  # noqa: BLE001  (broker unreachable: the reconciler re-sends after the lease)
         log.warning("enqueue of %s failed for %s/%s", ref.stage, ref.kb_id, ref.doc_id)

@@ -62,7 +62,7 @@ def _child(fn: Callable[[], Any], result_path: str, timeout_s: float, memory_byt
             }
         except RecursionError:
             payload = {"error": ErrorCode.PARSE_ERROR.value, "message": "the document is nested too deeply"}
-        except Exception as error:
+        except Exception as error:  # noqa: BLE001  (any parser failure means an unreadable file)
             payload = {
                 "error": ErrorCode.PARSE_ERROR.value,
                 "message": f"could not parse the file ({type(error).__name__})",

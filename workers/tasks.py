@@ -7,12 +7,20 @@ import socket
 from typing import Any
 
 from celery import Task, shared_task
+from celery.signals import worker_process_init
 
 from shared.ingest import STAGE_TASK, StageRef
 from shared.models import Stage
 from workers.context import worker_context
 from workers.pipeline import BATCH_FUNCTIONS, STAGE_FUNCTIONS
 from workers.runner import Done, Retry, run_stage
+from workers.warmup import warm_up
+
+
+@worker_process_init.connect
+def _warm_up(**_: Any) -> None:
+    """Load parsers and models in each pool process before its first task, not during it."""
+    warm_up()
 
 
 @shared_task(name="ragline.ping", acks_late=False)

@@ -1,11 +1,11 @@
 #!/usr/bin/env bash
-# Drives the whole local stack on 127.0.0.1: OpenSearch (with k-NN), Redis and a Celery worker.
-# Usage: stack.sh up|down|status [SERVICE...]   SERVICE: opensearch redis worker
+# Drives the whole local stack on 127.0.0.1: OpenSearch (with k-NN), Redis, a Celery worker, the API.
+# Usage: stack.sh up|down|status [SERVICE...]   SERVICE: opensearch redis worker api
 set -euo pipefail
 HERE=$(dirname "${BASH_SOURCE[0]}")
 source "$HERE/lib.sh"
 
-ALL=(opensearch redis worker)
+ALL=(opensearch redis worker api)
 
 service_script() { echo "$HERE/$1.sh"; }
 

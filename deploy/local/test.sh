@@ -6,7 +6,7 @@ HERE=$(dirname "${BASH_SOURCE[0]}")
 source "$HERE/lib.sh"
 cd "$REPO_ROOT"
 
-SERVICES=(opensearch redis worker)
+SERVICES=(opensearch redis worker api)
 started=()
 
 cleanup() {

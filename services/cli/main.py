@@ -22,7 +22,7 @@ app = typer.Typer(
 STACK_SCRIPT = REPO_ROOT / "deploy" / "local" / "stack.sh"
 Services = Annotated[
     list[str] | None,
-    typer.Argument(help="Services to act on (opensearch, redis, worker); default: all."),
+    typer.Argument(help="Services to act on (opensearch, redis, worker, api); default: all."),
 ]
 
 
@@ -91,6 +91,34 @@ def worker(
         argv.append(f"--pidfile={pidfile}")
     os.chdir(REPO_ROOT)
     os.execv(sys.executable, argv)  # noqa: S606  (replace this process: pid files stay valid)
+
+
+@app.command()
+def serve(
+    host: Annotated[str | None, typer.Option(help="Bind address (default: RAGLINE_API__HOST).")] = None,
+    port: Annotated[
+        int | None, typer.Option(min=1, max=65535, help="Port (default: RAGLINE_API__PORT).")
+    ] = None,
+) -> None:
+    """Run the REST API (and MCP at /mcp) with uvicorn."""
+    import uvicorn
+
+    from services.api.app import create_app
+
+    settings = _settings()
+    try:
+        api = create_app(settings)
+    except ConfigError as error:
+        typer.echo(str(error), err=True)
+        raise typer.Exit(2) from None
+    uvicorn.run(
+        api,
+        host=host or settings.api.host,
+        port=port or settings.api.port,
+        log_level=settings.log_level.lower(),
+        proxy_headers=False,
+        server_header=False,
+    )
 
 
 @app.command("config")

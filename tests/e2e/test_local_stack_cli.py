@@ -13,7 +13,7 @@ from shared.config import Settings
 pytestmark = pytest.mark.e2e
 
 RAGLINE = str(Path(sys.executable).parent / "ragline")
-SERVICES = ("opensearch", "redis", "worker")
+SERVICES = ("opensearch", "redis", "worker", "api")
 
 
 def _ragline(*args: str) -> subprocess.CompletedProcess[str]:
@@ -25,6 +25,7 @@ def _pids(settings: Settings) -> dict[str, str]:
         "opensearch": settings.state_dir / "opensearch" / "opensearch.pid",
         "redis": settings.state_dir / "redis" / "redis.pid",
         "worker": settings.state_dir / "worker.pid",
+        "api": settings.state_dir / "api.pid",
     }
     return {name: path.read_text().strip() for name, path in files.items()}
 

@@ -25,7 +25,7 @@ def opensearch(settings: Settings) -> OpenSearch:
     client = build_client(settings.opensearch)
     try:
         client.cluster.health(wait_for_status="yellow")
-    except Exception as error:
+    except Exception as error:  # noqa: BLE001  (whatever the failure, the service is unusable)
         pytest.fail(f"OpenSearch at {settings.opensearch.url} is not reachable ({error}); {START_HINT}")
     return client
 

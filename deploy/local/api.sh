@@ -1,0 +1,56 @@
+#!/usr/bin/env bash
+# Runs the Ragline API (REST under /v1, MCP at /mcp) on 127.0.0.1 in the background.
+# Without configured keys it creates a local development key on first run (state dir, git-ignored).
+# Usage: api.sh start|stop|status
+set -euo pipefail
+source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
+
+PORT=${RAGLINE_API__PORT:-8000}
+PIDFILE=$STATE_DIR/api.pid
+LOG=$LOG_DIR/api.log
+KEYS=$STATE_DIR/api-keys.json
+URL=http://127.0.0.1:$PORT
+
+dev_key() {
+  if [ ! -s "$KEYS" ]; then
+    local key
+    key="rl_dev_$(head -c 24 /dev/urandom | od -An -tx1 | tr -d ' \n')"
+    (umask 077 && printf '[{"key": "%s", "tenant": "%s", "role": "admin", "name": "local development"}]\n' \
+      "$key" "${RAGLINE_TENANT:-default}" >"$KEYS")
+    say "api: created a local development API key (admin, tenant ${RAGLINE_TENANT:-default}) in $KEYS"
+  fi
+  say "api: development key: $(sed -n 's/.*"key": "\([^"]*\)".*/\1/p' "$KEYS" | head -1)"
+}
+
+healthy() { curl -sf --max-time 2 "$URL/healthz" >/dev/null; }
+
+start() {
+  [ -x "$VENV/bin/ragline" ] || die "$VENV/bin/ragline not found; run 'make install' first"
+  if pid_running "$PIDFILE"; then
+    say "api: already running on $URL (pid $(cat "$PIDFILE"))"
+    return 0
+  fi
+  if [ -z "${RAGLINE_AUTH__API_KEYS:-}${RAGLINE_AUTH__KEYS_FILE:-}${RAGLINE_AUTH__ALLOW_ANONYMOUS:-}" ]; then
+    dev_key
+    export RAGLINE_AUTH__KEYS_FILE=$KEYS
+  fi
+  : >"$LOG"
+  (cd "$REPO_ROOT" && exec setsid "$VENV/bin/ragline" serve --host 127.0.0.1 --port "$PORT") \
+    >>"$LOG" 2>&1 </dev/null &
+  echo $! >"$PIDFILE"
+  wait_until 120 api "$LOG" healthy
+  say "api: listening on $URL (REST /v1, OpenAPI $URL/docs, MCP $URL/mcp; log $LOG)"
+}
+
+stop() { stop_pidfile "$PIDFILE" api 20; }
+
+status() {
+  if pid_running "$PIDFILE" && healthy; then
+    say "api: running on $URL"
+  else
+    say "api: stopped"
+    return 3
+  fi
+}
+
+"${1:?usage: api.sh start|stop|status}"

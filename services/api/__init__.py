@@ -1,0 +1,1 @@
+"""The REST API (FastAPI) with the MCP server mounted at /mcp."""

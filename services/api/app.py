@@ -1,0 +1,91 @@
+"""The FastAPI application: REST under /v1, health, metrics, OpenAPI."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from typing import Any
+
+from fastapi import FastAPI
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from services.api import errors
+from services.api.metrics import Metrics
+from services.api.routes import batches, documents, health, kbs, search
+from services.api.state import AppState, build_state, prepare_indexes
+from shared.config import Settings, get_settings
+from shared.errors import ErrorCode, RaglineError
+
+log = logging.getLogger(__name__)
+
+
+class BodyLimit:
+    """Refuses request bodies over the limit while they stream in, declared length or not."""
+
+    def __init__(self, app: ASGIApp, limit: int) -> None:
+        self.app = app
+        self.limit = limit
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        declared = dict(scope["headers"]).get(b"content-length")
+        if declared is not None and declared.isdigit() and int(declared) > self.limit:
+            response = errors.envelope(
+                ErrorCode.TOO_LARGE, f"the request exceeds {self.limit} bytes", {"limit": self.limit}
+            )
+            await response(scope, receive, send)
+            return
+        received = 0
+
+        async def counted() -> Message:
+            nonlocal received
+            message = await receive()
+            if message["type"] == "http.request":
+                received += len(message.get("body", b""))
+                if received > self.limit:
+                    raise RaglineError(
+                        f"the request exceeds {self.limit} bytes",
+                        code=ErrorCode.TOO_LARGE,
+                        details={"limit": self.limit},
+                    )
+            return message
+
+        await self.app(scope, counted, send)
+
+
+def create_app(settings: Settings | None = None, state: AppState | None = None) -> FastAPI:
+    """Build the API; fails at once when auth is not configured (it fails closed)."""
+    settings = settings or get_settings()
+    state = state or build_state(settings)
+
+    @asynccontextmanager
+    async def lifespan(_: FastAPI) -> AsyncIterator[None]:
+        try:
+            prepare_indexes(state)
+        except Exception as error:  # noqa: BLE001  (serve anyway; /readyz tells what is missing)
+            log.warning("could not prepare the indexes yet: %s", type(error).__name__)
+        yield
+
+    app = FastAPI(
+        title="Ragline",
+        version="0.1.0",
+        lifespan=lifespan,
+        description="Ingestion and hybrid (BM25 + k-NN) retrieval for AI agents. "
+        "Every error is `{code, message, details}`.",
+    )
+    app.state.ragline = state
+    app.state.metrics = Metrics(state)
+    errors.install(app)
+    app.middleware("http")(app.state.metrics.middleware)
+    for router in (kbs.router, documents.router, batches.router, search.router, health.router):
+        app.include_router(router)
+    app.add_middleware(BodyLimit, limit=settings.api.max_request_bytes)
+    return app
+
+
+def app_factory() -> Any:
+    """Entry point for `uvicorn --factory`."""
+    return create_app()

@@ -1,0 +1,44 @@
+"""FastAPI dependencies: the app state and the caller's identity."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+from fastapi import Depends, Header, Request
+
+from services.api.auth import Principal, Role, key_from_headers, require
+from services.api.state import AppState
+
+
+def app_state(request: Request) -> AppState:
+    state: AppState = request.app.state.ragline
+    return state
+
+
+def caller(
+    request: Request,
+    authorization: Annotated[str | None, Header(description="`Bearer <API key>`")] = None,
+    x_api_key: Annotated[str | None, Header(description="The API key (alternative to Authorization)")] = None,
+) -> Principal:
+    return app_state(request).keys.principal(key_from_headers(authorization, x_api_key))
+
+
+def reader(principal: Annotated[Principal, Depends(caller)]) -> Principal:
+    require(principal, Role.READ)
+    return principal
+
+
+def writer(principal: Annotated[Principal, Depends(caller)]) -> Principal:
+    require(principal, Role.WRITE)
+    return principal
+
+
+def admin(principal: Annotated[Principal, Depends(caller)]) -> Principal:
+    require(principal, Role.ADMIN)
+    return principal
+
+
+State = Annotated[AppState, Depends(app_state)]
+Reader = Annotated[Principal, Depends(reader)]
+Writer = Annotated[Principal, Depends(writer)]
+Admin = Annotated[Principal, Depends(admin)]

@@ -1,0 +1,57 @@
+"""The per-process objects every route uses, built once when the app starts."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import redis
+from celery import Celery
+from opensearchpy import OpenSearch
+
+from services.api.auth import KeyRing
+from shared.blobs import BlobStore
+from shared.catalog import Catalog
+from shared.config import Settings
+from shared.ingest import Ingestor
+from shared.queue import broker_client
+from shared.registry import Registry
+from shared.search.client import build_client
+from shared.search.hybrid import Searcher
+from shared.search.schema import ensure_indexes
+
+
+@dataclass
+class AppState:
+    settings: Settings
+    keys: KeyRing
+    client: OpenSearch
+    redis: redis.Redis
+    sender: Celery
+    registry: Registry
+    ingestor: Ingestor
+    catalog: Catalog
+    searcher: Searcher
+
+
+def build_state(settings: Settings) -> AppState:
+    """Check the configuration (auth fails closed), then connect; OpenSearch may come up later."""
+    keys = KeyRing(settings.auth, settings.tenant)
+    client = build_client(settings.opensearch)
+    registry = Registry(client, settings)
+    sender = broker_client(settings)
+    ingestor = Ingestor(settings, registry, BlobStore(settings.state_dir / "blobstore"), sender)
+    return AppState(
+        settings=settings,
+        keys=keys,
+        client=client,
+        redis=redis.Redis.from_url(settings.redis.url),
+        sender=sender,
+        registry=registry,
+        ingestor=ingestor,
+        catalog=Catalog(settings, registry, ingestor),
+        searcher=Searcher(client, settings),
+    )
+
+
+def prepare_indexes(state: AppState) -> None:
+    ensure_indexes(state.client, state.settings)

@@ -1,0 +1,246 @@
+"""Reading and managing knowledge bases, documents and batches: what REST, MCP and the CLI share."""
+
+from __future__ import annotations
+
+import base64
+import json
+from typing import Any
+
+from pydantic import BaseModel, Field
+
+from shared.config import Settings
+from shared.errors import ErrorCode, RaglineError
+from shared.ingest import Ingestor
+from shared.models import DocStatus, Document, KbSettings, KnowledgeBase
+from shared.registry import Registry
+from shared.search.schema import chunks_alias
+
+TERMINAL = [DocStatus.READY.value, DocStatus.FAILED.value, DocStatus.DELETED.value]
+
+
+class KbView(BaseModel):
+    """A knowledge base with its live counts."""
+
+    kb_id: str
+    name: str
+    description: str
+    tags: list[str]
+    settings: KbSettings
+    embedding_model: str
+    embedding_dimension: int
+    document_count: int
+    chunk_count: int
+    created_at: str
+    updated_at: str
+
+
+class KbChanges(BaseModel):
+    model_config = {"extra": "forbid"}
+    name: str | None = Field(None, min_length=1, max_length=200)
+    description: str | None = Field(None, max_length=4000)
+    tags: list[str] | None = Field(None, max_length=50)
+    settings: KbSettings | None = None
+
+
+class DocumentPage(BaseModel):
+    documents: list[dict[str, Any]]
+    next_cursor: str | None
+
+
+class BatchView(BaseModel):
+    batch_id: str
+    total: int
+    counts: dict[str, int]
+    done: bool
+    failures: list[dict[str, Any]]
+
+
+def document_view(doc: Document) -> dict[str, Any]:
+    """The status object users see (no internal claim fields)."""
+    return doc.model_dump(mode="json", exclude={"claimed_by", "tenant_id", "queue", "transitions"}) | {
+        "transitions": doc.transitions[-20:]
+    }
+
+
+def _encode_cursor(values: list[Any]) -> str:
+    return base64.urlsafe_b64encode(json.dumps(values).encode()).decode()
+
+
+def _decode_cursor(cursor: str) -> list[Any]:
+    try:
+        values = json.loads(base64.urlsafe_b64decode(cursor.encode()))
+    except ValueError:
+        raise RaglineError("invalid cursor", code=ErrorCode.INVALID_ARGUMENT) from None
+    if not isinstance(values, list):
+        raise RaglineError("invalid cursor", code=ErrorCode.INVALID_ARGUMENT)
+    return values
+
+
+class Catalog:
+    """Tenant-scoped reads and management; every query carries the caller's tenant."""
+
+    def __init__(self, settings: Settings, registry: Registry, ingestor: Ingestor) -> None:
+        self.settings = settings
+        self.registry = registry
+        self.ingestor = ingestor
+        self.client = registry.client
+
+    def _counts(self, tenant_id: str, kb_ids: list[str]) -> dict[str, tuple[int, int]]:
+        if not kb_ids:
+            return {}
+        response = self.client.search(
+            index=self.registry.docs,
+            body={
+                "size": 0,
+                "query": {
+                    "bool": {
+                        "filter": [{"term": {"tenant_id": tenant_id}}, {"terms": {"kb_id": kb_ids}}],
+                        "must_not": [
+                            {"terms": {"status": [DocStatus.DELETED.value, DocStatus.DELETING.value]}}
+                        ],
+                    }
+                },
+                "aggs": {
+                    "kbs": {
+                        "terms": {"field": "kb_id", "size": len(kb_ids)},
+                        "aggs": {"chunks": {"sum": {"field": "chunk_count"}}},
+                    }
+                },
+            },
+        )
+        return {
+            b["key"]: (b["doc_count"], int(b["chunks"]["value"]))
+            for b in response["aggregations"]["kbs"]["buckets"]
+        }
+
+    def view(self, kb: KnowledgeBase, counts: tuple[int, int]) -> KbView:
+        return KbView(
+            kb_id=kb.kb_id,
+            name=kb.name,
+            description=kb.description,
+            tags=kb.tags,
+            settings=kb.settings,
+            embedding_model=kb.embedding_model,
+            embedding_dimension=kb.embedding_dimension,
+            document_count=counts[0],
+            chunk_count=counts[1],
+            created_at=kb.created_at.isoformat(),
+            updated_at=kb.updated_at.isoformat(),
+        )
+
+    def list_kbs(self, tenant_id: str) -> list[KbView]:
+        kbs = self.registry.list_kbs(tenant_id)
+        counts = self._counts(tenant_id, [kb.kb_id for kb in kbs])
+        return [self.view(kb, counts.get(kb.kb_id, (0, 0))) for kb in kbs]
+
+    def get_kb(self, tenant_id: str, kb_id: str) -> KbView:
+        kb = self.registry.get_kb(tenant_id, kb_id)
+        return self.view(kb, self._counts(tenant_id, [kb_id]).get(kb_id, (0, 0)))
+
+    def create_kb(
+        self,
+        tenant_id: str,
+        kb_id: str,
+        name: str,
+        description: str = "",
+        tags: list[str] | None = None,
+        settings: KbSettings | None = None,
+    ) -> KbView:
+        kb = KnowledgeBase(
+            tenant_id=tenant_id,
+            kb_id=kb_id,
+            name=name,
+            description=description,
+            tags=tags or [],
+            settings=settings or KbSettings(),
+            embedding_model=self.settings.embedding.model,
+            embedding_dimension=self.settings.embedding.dimension,
+        )
+        self.registry.create_kb(kb)
+        return self.view(kb, (0, 0))
+
+    def update_kb(self, tenant_id: str, kb_id: str, changes: KbChanges) -> KbView:
+        kb = self.registry.get_kb(tenant_id, kb_id)
+        updated = kb.model_copy(update=changes.model_dump(exclude_none=True))
+        self.registry.save_kb(updated)
+        return self.get_kb(tenant_id, kb_id)
+
+    def delete_kb(self, tenant_id: str, kb_id: str) -> None:
+        """Delete the KB, its documents' records and every chunk."""
+        self.registry.get_kb(tenant_id, kb_id)
+        scope = {"bool": {"filter": [{"term": {"tenant_id": tenant_id}}, {"term": {"kb_id": kb_id}}]}}
+        self.client.delete_by_query(
+            index=chunks_alias(self.settings), body={"query": scope}, refresh=True, conflicts="proceed"
+        )
+        self.client.delete_by_query(
+            index=self.registry.docs, body={"query": scope}, refresh=True, conflicts="proceed"
+        )
+        self.registry.delete_kb(tenant_id, kb_id)
+
+    def readable_kb_ids(self, tenant_id: str, requested: list[str] | None) -> list[str]:
+        """The caller's KBs among those requested (all when None); an unknown id is NOT_FOUND."""
+        own = {kb.kb_id for kb in self.registry.list_kbs(tenant_id)}
+        if requested is None:
+            return sorted(own)
+        missing = [kb for kb in requested if kb not in own]
+        if missing:
+            raise RaglineError(f"knowledge base '{missing[0]}' not found", code=ErrorCode.NOT_FOUND)
+        return list(dict.fromkeys(requested))
+
+    def get_document(self, tenant_id: str, kb_id: str, doc_id: str) -> dict[str, Any]:
+        self.registry.get_kb(tenant_id, kb_id)
+        return document_view(self.registry.require_doc(tenant_id, kb_id, doc_id).doc)
+
+    def list_documents(
+        self,
+        tenant_id: str,
+        kb_id: str,
+        status: DocStatus | None = None,
+        limit: int = 50,
+        cursor: str | None = None,
+    ) -> DocumentPage:
+        self.registry.get_kb(tenant_id, kb_id)
+        filters: list[dict[str, Any]] = [{"term": {"tenant_id": tenant_id}}, {"term": {"kb_id": kb_id}}]
+        if status is not None:
+            filters.append({"term": {"status": status.value}})
+        hits = self.registry.search_docs(
+            {"bool": {"filter": filters}},
+            size=limit + 1,
+            sort=[{"doc_id": "asc"}],
+            search_after=_decode_cursor(cursor) if cursor else None,
+        )
+        page = hits[:limit]
+        docs = [document_view(Document.model_validate(h["_source"])) for h in page]
+        following = _encode_cursor(page[-1]["sort"]) if len(hits) > limit else None
+        return DocumentPage(documents=docs, next_cursor=following)
+
+    def batch(self, tenant_id: str, batch_id: str) -> BatchView:
+        scope = {"bool": {"filter": [{"term": {"tenant_id": tenant_id}}, {"term": {"batch_id": batch_id}}]}}
+        response = self.client.search(
+            index=self.registry.docs,
+            body={
+                "size": 0,
+                "query": scope,
+                "track_total_hits": True,
+                "aggs": {"status": {"terms": {"field": "status", "size": 20}}},
+            },
+        )
+        total = int(response["hits"]["total"]["value"])
+        if total == 0:
+            raise RaglineError(f"batch '{batch_id}' not found", code=ErrorCode.NOT_FOUND)
+        counts = {b["key"]: b["doc_count"] for b in response["aggregations"]["status"]["buckets"]}
+        failed = self.registry.search_docs(
+            {"bool": {"filter": [*scope["bool"]["filter"], {"term": {"status": DocStatus.FAILED.value}}]}},
+            size=1000,
+            sort=[{"doc_id": "asc"}],
+        )
+        failures = [
+            {
+                "kb_id": h["_source"]["kb_id"],
+                "doc_id": h["_source"]["doc_id"],
+                "error": h["_source"].get("error"),
+            }
+            for h in failed
+        ]
+        done = sum(counts.get(s, 0) for s in TERMINAL) == total
+        return BatchView(batch_id=batch_id, total=total, counts=counts, done=done, failures=failures)

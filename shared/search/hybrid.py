@@ -1,0 +1,367 @@
+"""Hybrid search: one `_msearch` with a BM25 arm and a k-NN arm, fused in the service.
+
+Filters (the caller's tenant always among them, added here and never taken from the request)
+apply inside both arms. Hits of a document's inactive generation, or of a deleted document,
+are dropped after a registry lookup, so readers never see two versions mixed.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import OrderedDict
+from datetime import date, datetime
+from enum import StrEnum
+from typing import Any
+
+from opensearchpy import OpenSearch
+from pydantic import BaseModel, Field, field_validator, model_validator
+
+from shared.config import Settings
+from shared.embedding import encoder
+from shared.errors import ErrorCode, RaglineError
+from shared.models import DocStatus
+from shared.registry import doc_key
+from shared.search.fusion import Fusion, fuse
+from shared.search.schema import chunks_alias, docs_index
+
+KEYWORD, SEMANTIC = "keyword", "semantic"
+_SOURCE_FIELDS = [
+    "tenant_id",
+    "kb_id",
+    "doc_id",
+    "generation",
+    "chunk_idx",
+    "text",
+    "title",
+    "headings",
+    "page_num",
+    "page_label",
+    "source_uri",
+    "filename",
+    "mime_type",
+    "metadata",
+]
+Scalar = str | int | float | bool
+
+
+class Mode(StrEnum):
+    HYBRID = "hybrid"
+    SIMILARITY = "similarity"
+    KEYWORD = "keyword"
+
+
+class Range(BaseModel):
+    """A numeric or date range; at least one bound."""
+
+    model_config = {"extra": "forbid"}
+    gt: float | date | datetime | None = None
+    gte: float | date | datetime | None = None
+    lt: float | date | datetime | None = None
+    lte: float | date | datetime | None = None
+
+    @model_validator(mode="after")
+    def _some_bound(self) -> Range:
+        if all(v is None for v in (self.gt, self.gte, self.lt, self.lte)):
+            raise ValueError("a range needs at least one of gt, gte, lt, lte")
+        return self
+
+
+class Condition(BaseModel):
+    """One metadata condition: equality (`eq`), membership (`in`) or a range."""
+
+    model_config = {"extra": "forbid", "populate_by_name": True}
+    eq: Scalar | None = None
+    in_: list[Scalar] | None = Field(None, alias="in", min_length=1, max_length=1000)
+    range: Range | None = None
+
+    @model_validator(mode="after")
+    def _exactly_one(self) -> Condition:
+        if sum(v is not None for v in (self.eq, self.in_, self.range)) != 1:
+            raise ValueError("give exactly one of eq, in, range")
+        return self
+
+
+class Filters(BaseModel):
+    """Typed filters over chunks and their documents' metadata."""
+
+    model_config = {"extra": "forbid"}
+    metadata: dict[str, Scalar | list[Scalar] | Condition] = Field(
+        default_factory=dict, description="Per metadata key: a value, a list (any of), or a condition."
+    )
+    mime_types: list[str] = Field(default_factory=list, max_length=50)
+    source_prefix: str | None = Field(None, min_length=1, max_length=1000)
+    doc_ids: list[str] = Field(default_factory=list, max_length=1000)
+    languages: list[str] = Field(default_factory=list, max_length=50)
+
+    @field_validator("metadata")
+    @classmethod
+    def _keys(cls, value: dict[str, Any]) -> dict[str, Any]:
+        for key in value:
+            if not key or len(key) > 200 or any(c in key for c in '*?"\\ '):
+                raise ValueError(f"invalid metadata key {key!r}")
+        return value
+
+
+class SearchRequest(BaseModel):
+    model_config = {"extra": "forbid"}
+    query: str = Field(min_length=1, max_length=4000)
+    kb_ids: list[str] | None = Field(
+        None, max_length=100, description="Default: every KB the caller may read."
+    )
+    top_k: int = Field(10, ge=1, le=100)
+    mode: Mode = Mode.HYBRID
+    fusion: Fusion = Fusion.RRF
+    weights: dict[str, float] | None = Field(
+        None,
+        description="Arm weights, keys 'keyword' and 'semantic' (default 1/1 for rrf, 0.5/0.5 otherwise).",
+    )
+    min_score: float | None = Field(None, ge=0, le=1, description="Similarity mode: lowest k-NN score kept.")
+    filters: Filters | None = None
+    max_per_document: int | None = Field(None, ge=1, le=100)
+
+    @field_validator("query")
+    @classmethod
+    def _not_blank(cls, value: str) -> str:
+        if not value.strip():
+            raise ValueError("the query is blank")
+        return value
+
+    @field_validator("weights")
+    @classmethod
+    def _weights(cls, value: dict[str, float] | None) -> dict[str, float] | None:
+        if value is not None:
+            unknown = set(value) - {KEYWORD, SEMANTIC}
+            if unknown or any(w < 0 for w in value.values()) or not any(value.values()):
+                raise ValueError("weights take 'keyword' and 'semantic', non-negative, not both zero")
+        return value
+
+
+class ArmResult(BaseModel):
+    rank: int | None = None
+    score: float | None = None
+
+
+class Hit(BaseModel):
+    text: str
+    score: float
+    kb_id: str
+    doc_id: str
+    chunk_idx: int
+    title: str | None = None
+    headings: list[str] = Field(default_factory=list)
+    source_uri: str | None = None
+    page_num: int | None = None
+    page_label: str | None = None
+    mime_type: str | None = None
+    metadata: dict[str, Any] = Field(default_factory=dict)
+    highlights: list[str] = Field(default_factory=list)
+    keyword: ArmResult = Field(default_factory=ArmResult)
+    semantic: ArmResult = Field(default_factory=ArmResult)
+
+
+class SearchResponse(BaseModel):
+    results: list[Hit]
+    latency_ms: float
+
+
+def filter_clauses(tenant_id: str, kb_ids: list[str], filters: Filters | None) -> list[dict[str, Any]]:
+    """OpenSearch filter clauses; the tenant clause comes from the caller's identity, always."""
+    clauses: list[dict[str, Any]] = [{"term": {"tenant_id": tenant_id}}, {"terms": {"kb_id": kb_ids}}]
+    if filters is None:
+        return clauses
+    for key, spec in filters.metadata.items():
+        field = f"metadata.{key}"
+        if isinstance(spec, Condition):
+            if spec.eq is not None:
+                clauses.append({"term": {field: spec.eq}})
+            elif spec.in_ is not None:
+                clauses.append({"terms": {field: spec.in_}})
+            elif spec.range is not None:
+                clauses.append({"range": {field: spec.range.model_dump(mode="json", exclude_none=True)}})
+        elif isinstance(spec, list):
+            clauses.append({"terms": {field: spec}})
+        else:
+            clauses.append({"term": {field: spec}})
+    if filters.mime_types:
+        clauses.append({"terms": {"mime_type": filters.mime_types}})
+    if filters.source_prefix:
+        clauses.append({"prefix": {"source_uri": filters.source_prefix}})
+    if filters.doc_ids:
+        clauses.append({"terms": {"doc_id": filters.doc_ids}})
+    if filters.languages:
+        clauses.append({"terms": {"language": filters.languages}})
+    return clauses
+
+
+class QueryEmbedder:
+    """Query vectors from the chunks' model, with a small LRU cache (agents repeat queries)."""
+
+    def __init__(self, settings: Settings) -> None:
+        self._settings = settings.embedding
+        self._size = settings.search.query_cache_size
+        self._cache: OrderedDict[str, list[float]] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def __call__(self, query: str) -> list[float]:
+        with self._lock:
+            if query in self._cache:
+                self._cache.move_to_end(query)
+                return self._cache[query]
+        vector = [float(x) for x in encoder(self._settings).encode([query])[0]]
+        with self._lock:
+            self._cache[query] = vector
+            while len(self._cache) > self._size:
+                self._cache.popitem(last=False)
+        return vector
+
+
+class Searcher:
+    """Runs searches for one deployment."""
+
+    def __init__(self, client: OpenSearch, settings: Settings) -> None:
+        self.client = client
+        self.settings = settings
+        self.index = chunks_alias(settings)
+        self.docs = docs_index(settings)
+        self.embed = QueryEmbedder(settings)
+
+    def arm_bodies(self, request: SearchRequest, clauses: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
+        """The `_msearch` bodies of the arms this mode runs."""
+        size = max(self.settings.search.candidates, request.top_k * 3)
+        bodies: dict[str, dict[str, Any]] = {}
+        if request.mode in (Mode.HYBRID, Mode.KEYWORD):
+            bodies[KEYWORD] = {
+                "size": size,
+                "_source": _SOURCE_FIELDS,
+                "query": {
+                    "bool": {
+                        "filter": clauses,
+                        "must": [
+                            {
+                                "multi_match": {
+                                    "query": request.query,
+                                    "fields": ["text", "title^0.5", "headings^0.5"],
+                                }
+                            }
+                        ],
+                    }
+                },
+                "highlight": {"fields": {"text": {"fragment_size": 160, "number_of_fragments": 2}}},
+            }
+        if request.mode in (Mode.HYBRID, Mode.SIMILARITY):
+            bodies[SEMANTIC] = {
+                "size": size,
+                "_source": _SOURCE_FIELDS,
+                "query": {
+                    "knn": {
+                        "embedding": {
+                            "vector": self.embed(request.query),
+                            "k": size,
+                            "filter": {"bool": {"filter": clauses}},
+                        }
+                    }
+                },
+            }
+        return bodies
+
+    def search(self, tenant_id: str, kb_ids: list[str], request: SearchRequest) -> SearchResponse:
+        started = time.perf_counter()
+        if not kb_ids:
+            return SearchResponse(results=[], latency_ms=0.0)
+        bodies = self.arm_bodies(request, filter_clauses(tenant_id, kb_ids, request.filters))
+        lines: list[dict[str, Any]] = []
+        for body in bodies.values():
+            lines += [{"index": self.index}, body]
+        responses = self.client.msearch(body=lines)["responses"]
+        hits: dict[str, dict[str, Any]] = {}
+        arms: dict[str, list[tuple[str, float]]] = {}
+        for arm, response in zip(bodies, responses, strict=True):
+            if "error" in response:
+                raise RaglineError("the search index could not answer", code=ErrorCode.UNAVAILABLE)
+            ranked = []
+            for hit in response["hits"]["hits"]:
+                if arm == SEMANTIC and request.min_score is not None and hit["_score"] < request.min_score:
+                    continue
+                hits.setdefault(hit["_id"], hit)
+                if "highlight" in hit:
+                    hits[hit["_id"]]["highlight"] = hit["highlight"]
+                ranked.append((hit["_id"], float(hit["_score"])))
+            arms[arm] = ranked
+        visible = self._visible(tenant_id, [hits[h]["_source"] for h in hits])
+        arms = {
+            arm: [(h, s) for h, s in ranked if _version(hits[h]["_source"]) in visible]
+            for arm, ranked in arms.items()
+        }
+        weights = request.weights or (
+            {KEYWORD: 1.0, SEMANTIC: 1.0} if request.fusion == Fusion.RRF else {KEYWORD: 0.5, SEMANTIC: 0.5}
+        )
+        fused = fuse(arms, request.fusion, weights, self.settings.search.rrf_k)
+        positions = {
+            arm: {h: (rank, score) for rank, (h, score) in enumerate(r, start=1)} for arm, r in arms.items()
+        }
+        results: list[Hit] = []
+        per_doc: dict[tuple[str, str], int] = {}
+        for hit_id, score in fused:
+            source = hits[hit_id]["_source"]
+            key = (source["kb_id"], source["doc_id"])
+            if request.max_per_document is not None and per_doc.get(key, 0) >= request.max_per_document:
+                continue
+            per_doc[key] = per_doc.get(key, 0) + 1
+            results.append(_hit(source, score, hits[hit_id].get("highlight", {}), positions, hit_id))
+            if len(results) == request.top_k:
+                break
+        return SearchResponse(results=results, latency_ms=round((time.perf_counter() - started) * 1000, 2))
+
+    def _visible(self, tenant_id: str, sources: list[dict[str, Any]]) -> set[tuple[str, str, int]]:
+        """(kb, doc, generation) triples that readers may see: each document's active generation."""
+        keys = sorted({(s["kb_id"], s["doc_id"]) for s in sources})
+        if not keys:
+            return set()
+        found = self.client.mget(
+            index=self.docs,
+            body={"ids": [doc_key(tenant_id, kb, doc) for kb, doc in keys]},
+            _source_includes=["kb_id", "doc_id", "status", "active_generation"],
+        )
+        visible = set()
+        for entry in found["docs"]:
+            record = entry.get("_source")
+            if not record or record["status"] in (DocStatus.DELETING, DocStatus.DELETED):
+                continue
+            if record.get("active_generation") is not None:
+                visible.add((record["kb_id"], record["doc_id"], int(record["active_generation"])))
+        return visible
+
+
+def _version(source: dict[str, Any]) -> tuple[str, str, int]:
+    return source["kb_id"], source["doc_id"], int(source["generation"])
+
+
+def _hit(
+    source: dict[str, Any],
+    score: float,
+    highlight: dict[str, list[str]],
+    positions: dict[str, dict[str, tuple[int, float]]],
+    hit_id: str,
+) -> Hit:
+    arms = {
+        arm: ArmResult(rank=p[hit_id][0], score=p[hit_id][1]) if hit_id in p else ArmResult()
+        for arm, p in positions.items()
+    }
+    return Hit(
+        text=source["text"],
+        score=round(score, 6),
+        kb_id=source["kb_id"],
+        doc_id=source["doc_id"],
+        chunk_idx=source["chunk_idx"],
+        title=source.get("title"),
+        headings=source.get("headings") or [],
+        source_uri=source.get("source_uri"),
+        page_num=source.get("page_num"),
+        page_label=source.get("page_label"),
+        mime_type=source.get("mime_type"),
+        metadata=source.get("metadata") or {},
+        highlights=highlight.get("text", []),
+        keyword=arms.get(KEYWORD, ArmResult()),
+        semantic=arms.get(SEMANTIC, ArmResult()),
+    )

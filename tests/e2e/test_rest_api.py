@@ -1,0 +1,272 @@
+"""The REST API end to end: upload → poll → search, auth, tenants, filters, limits, validation."""
+
+from __future__ import annotations
+
+import json
+import uuid
+from typing import Any
+
+import httpx
+import pytest
+
+from shared.config import Settings
+from tests.e2e.helpers import MAX_FILE_BYTES, Server, wait_ready
+from tests.fixtures import samples
+
+pytestmark = pytest.mark.e2e
+
+MIXED = ["page.html", "paper.pdf", "report.docx", "guide.md"]
+NEEDLES = {
+    "passwords.md": (
+        "# Account help\n\nTo recover a forgotten password, open Settings and choose Reset credentials.\n"
+    ),
+    "tls.txt": (
+        "Troubleshooting\n\nThe browser shows ERR_TLS_CERT_ALTNAME_INVALID "
+        "when the certificate lacks the host name.\n"
+    ),
+    "garden.txt": "Gardening\n\nTomatoes need full sun, deep watering and stakes to climb.\n",
+    "rockets.txt": "Rocketry\n\nLiquid oxygen and kerosene feed the first stage engines at launch.\n",
+}
+
+
+def _new_kb(client: httpx.Client, kb_id: str | None = None, **settings: Any) -> str:
+    kb_id = kb_id or f"kb-{uuid.uuid4().hex[:8]}"
+    response = client.post("/v1/kbs", json={"kb_id": kb_id, "name": kb_id, "settings": settings})
+    assert response.status_code == 201, response.text
+    return kb_id
+
+
+def _search(client: httpx.Client, query: str, **params: Any) -> list[dict[str, Any]]:
+    response = client.post("/v1/search", json={"query": query, **params})
+    assert response.status_code == 200, response.text
+    body = response.json()
+    assert body["latency_ms"] >= 0
+    return list(body["results"])
+
+
+@pytest.fixture(scope="module")
+def mixed_kb(server: Server) -> str:
+    with server.client("a_admin") as client:
+        kb = _new_kb(client, pii_policy="off")
+        files = samples.every_type()
+        upload = [("files", (name, files[name][0], "application/octet-stream")) for name in MIXED]
+        response = client.post(
+            f"/v1/kbs/{kb}/documents", files=upload, data={"metadata": json.dumps({"team": "docs"})}
+        )
+        assert response.status_code == 202, response.text
+        body = response.json()
+        assert [d["outcome"] for d in body["documents"]] == ["created"] * len(MIXED)
+        needles = [("files", (name, text.encode(), "text/plain")) for name, text in NEEDLES.items()]
+        assert client.post(f"/v1/kbs/{kb}/documents", files=needles).status_code == 202
+        docs = wait_ready(client, kb, [*MIXED, *NEEDLES])
+        assert {d: v["status"] for d, v in docs.items()} == dict.fromkeys([*MIXED, *NEEDLES], "ready")
+        batch = client.get(f"/v1/batches/{body['batch_id']}").json()
+        assert batch["total"] == len(MIXED)
+        assert batch["done"] is True
+        assert batch["counts"] == {"ready": len(MIXED)}
+        return kb
+
+
+@pytest.mark.parametrize("mode", ["hybrid", "keyword", "similarity"])
+def test_each_uploaded_document_is_found_by_its_content(server: Server, mixed_kb: str, mode: str) -> None:
+    files = samples.every_type()
+    with server.client("a_read") as client:
+        for name in MIXED:
+            phrase = files[name][1]
+            hits = _search(client, f"what about {phrase}?", kb_ids=[mixed_kb], mode=mode, top_k=3)
+            assert name in [h["doc_id"] for h in hits], (mode, name, [h["doc_id"] for h in hits])
+            hit = next(h for h in hits if h["doc_id"] == name)
+            for field in (
+                "text",
+                "score",
+                "kb_id",
+                "source_uri",
+                "title",
+                "headings",
+                "page_num",
+                "page_label",
+                "chunk_idx",
+                "highlights",
+                "keyword",
+                "semantic",
+            ):
+                assert field in hit
+
+
+def test_meaning_without_shared_words_and_exact_identifiers(server: Server, mixed_kb: str) -> None:
+    with server.client("a_read") as client:
+        for mode in ("hybrid", "similarity"):
+            hits = _search(client, "I can't remember my login secret", kb_ids=[mixed_kb], mode=mode, top_k=3)
+            assert hits[0]["doc_id"] == "passwords.md", (mode, [h["doc_id"] for h in hits])
+        for mode in ("hybrid", "keyword"):
+            hits = _search(client, "ERR_TLS_CERT_ALTNAME_INVALID", kb_ids=[mixed_kb], mode=mode, top_k=3)
+            assert hits[0]["doc_id"] == "tls.txt", (mode, [h["doc_id"] for h in hits])
+        hybrid = _search(client, "ERR_TLS_CERT_ALTNAME_INVALID", kb_ids=[mixed_kb], top_k=3)[0]
+        assert hybrid["keyword"]["rank"] == 1
+        assert hybrid["semantic"]["rank"] is not None
+
+
+def test_filters_max_per_document_and_min_score(server: Server, mixed_kb: str) -> None:
+    with server.client("a_read") as client:
+        only_pdf = _search(
+            client, "chapter text", kb_ids=[mixed_kb], filters={"mime_types": ["application/pdf"]}
+        )
+        assert only_pdf
+        assert {h["doc_id"] for h in only_pdf} == {"paper.pdf"}
+        team = _search(
+            client, "gardening rockets handbook", kb_ids=[mixed_kb], filters={"metadata": {"team": "docs"}}
+        )
+        assert team
+        assert {h["doc_id"] for h in team} <= set(MIXED)
+        prefix = _search(client, "tomatoes", kb_ids=[mixed_kb], filters={"source_prefix": "gard"})
+        assert {h["doc_id"] for h in prefix} == {"garden.txt"}
+        many = _search(client, "text", kb_ids=[mixed_kb], mode="keyword", top_k=50)
+        capped = _search(client, "text", kb_ids=[mixed_kb], mode="keyword", top_k=50, max_per_document=1)
+        per_doc = [h["doc_id"] for h in capped]
+        assert len(per_doc) == len(set(per_doc))
+        assert len(capped) < len(many)
+        loose = _search(client, "tomato plants in the sun", kb_ids=[mixed_kb], mode="similarity", top_k=20)
+        strict = _search(
+            client, "tomato plants in the sun", kb_ids=[mixed_kb], mode="similarity", top_k=20, min_score=0.75
+        )
+        assert strict
+        assert len(strict) < len(loose)
+        assert all(h["semantic"]["score"] >= 0.75 for h in strict)
+        for fusion in ("min_max", "z_score"):
+            fused = _search(
+                client,
+                "tomatoes need sun",
+                kb_ids=[mixed_kb],
+                fusion=fusion,
+                weights={"keyword": 0.3, "semantic": 0.7},
+            )
+            assert fused[0]["doc_id"] == "garden.txt"
+
+
+def test_the_other_tenant_sees_nothing(server: Server, mixed_kb: str) -> None:
+    with server.client("b_admin") as other:
+        assert other.get("/v1/kbs").json() == {"knowledge_bases": []}
+        for method, path in [
+            ("GET", f"/v1/kbs/{mixed_kb}"),
+            ("PATCH", f"/v1/kbs/{mixed_kb}"),
+            ("DELETE", f"/v1/kbs/{mixed_kb}"),
+            ("GET", f"/v1/kbs/{mixed_kb}/documents"),
+            ("GET", f"/v1/kbs/{mixed_kb}/documents/guide.md"),
+            ("DELETE", f"/v1/kbs/{mixed_kb}/documents/guide.md"),
+            ("POST", f"/v1/kbs/{mixed_kb}/documents/guide.md/reingest"),
+        ]:
+            response = other.request(method, path, json={"name": "x"} if method == "PATCH" else None)
+            assert response.status_code == 404, (method, path, response.text)
+            assert response.json()["code"] == "NOT_FOUND"
+        assert other.post(f"/v1/kbs/{mixed_kb}/documents", json={"content": "x"}).status_code == 404
+        assert other.post("/v1/search", json={"query": "tomatoes", "kb_ids": [mixed_kb]}).status_code == 404
+        # Same KB id in tenant B: its searches return only its own (empty) data.
+        _new_kb(other, mixed_kb)
+        assert _search(other, "tomatoes need full sun") == []
+        assert other.get(f"/v1/kbs/{mixed_kb}").json()["document_count"] == 0
+    with server.client("a_read") as owner:
+        assert owner.get(f"/v1/kbs/{mixed_kb}/documents/guide.md").json()["status"] == "ready"
+
+
+def test_auth_is_required_and_roles_are_enforced(server: Server, mixed_kb: str) -> None:
+    with server.client(None) as anonymous:
+        for response in (anonymous.get("/v1/kbs"), anonymous.post("/v1/search", json={"query": "x"})):
+            assert response.status_code == 401
+            assert response.json()["code"] == "AUTH_ERROR"
+    with httpx.Client(
+        base_url=server.url, headers={"Authorization": "Bearer not-a-real-key-000000"}
+    ) as wrong:
+        assert wrong.get("/v1/kbs").status_code == 401
+    with server.client("a_read") as reader:
+        for response in (
+            reader.post("/v1/kbs", json={"kb_id": "nope", "name": "nope"}),
+            reader.post(f"/v1/kbs/{mixed_kb}/documents", json={"content": "hello"}),
+            reader.delete(f"/v1/kbs/{mixed_kb}/documents/guide.md"),
+        ):
+            assert response.status_code == 403, response.text
+            assert response.json()["code"] == "FORBIDDEN"
+    bearer = httpx.Client(base_url=server.url, headers={"Authorization": f"Bearer {server.keys['a_read']}"})
+    with bearer:
+        assert bearer.get("/v1/kbs").status_code == 200
+
+
+def test_oversized_upload_is_refused_and_leaves_nothing(server: Server, settings: Settings) -> None:
+    blobs = settings.state_dir / "blobstore" / "blobs"
+    before = sum(1 for p in blobs.rglob("*") if p.is_file()) if blobs.exists() else 0
+    with server.client("a_admin") as client:
+        kb = _new_kb(client)
+        big = b"A" * (MAX_FILE_BYTES + 1)
+        response = client.post(f"/v1/kbs/{kb}/documents", files=[("files", ("big.txt", big, "text/plain"))])
+        assert response.status_code == 413
+        assert response.json()["code"] == "TOO_LARGE"
+        inline = client.post(f"/v1/kbs/{kb}/documents", json={"content": "B" * (MAX_FILE_BYTES + 1)})
+        assert inline.status_code == 413
+        assert client.get(f"/v1/kbs/{kb}/documents").json()["documents"] == []
+    after = sum(1 for p in blobs.rglob("*") if p.is_file()) if blobs.exists() else 0
+    assert after == before
+
+
+@pytest.mark.parametrize(
+    ("body", "field"),
+    [
+        ({"query": ""}, "query"),
+        ({"query": "   "}, "query"),
+        ({"query": "x", "top_k": 0}, "top_k"),
+        ({"query": "x", "top_k": 1000}, "top_k"),
+        ({"query": "x", "mode": "magic"}, "mode"),
+        ({"query": "x", "filters": {"metadata": {"a": {"range": {}}}}}, "filters"),
+        ({"query": "x", "weights": {"keyword": -1}}, "weights"),
+        ({"query": "x", "surprise": 1}, "surprise"),
+    ],
+)
+def test_bad_search_requests_get_a_422_envelope(server: Server, body: dict[str, Any], field: str) -> None:
+    with server.client("a_read") as client:
+        response = client.post("/v1/search", json=body)
+    assert response.status_code == 422, response.text
+    envelope = response.json()
+    assert envelope["code"] == "INVALID_ARGUMENT"
+    assert any(field in e["field"] for e in envelope["details"]["errors"])
+
+
+def test_other_bad_requests_are_4xx_envelopes(server: Server, mixed_kb: str) -> None:
+    with server.client("a_admin") as client:
+        cases = [
+            client.post("/v1/search", content=b"{not json", headers={"content-type": "application/json"}),
+            client.post("/v1/kbs", json={"kb_id": "../etc", "name": "x"}),
+            client.post("/v1/kbs", json={"kb_id": mixed_kb, "name": "again"}),
+            client.get("/v1/kbs/unknown-kb"),
+            client.get(f"/v1/kbs/{mixed_kb}/documents/no-such-doc"),
+            client.get(f"/v1/kbs/{mixed_kb}/documents", params={"cursor": "%%%"}),
+            client.get(f"/v1/kbs/{mixed_kb}/documents", params={"limit": 0}),
+            client.post(
+                f"/v1/kbs/{mixed_kb}/documents", content=b"raw", headers={"content-type": "text/plain"}
+            ),
+            client.post(f"/v1/kbs/{mixed_kb}/documents", json={"content": ""}),
+            client.post(f"/v1/kbs/{mixed_kb}/documents", files=[("other", ("a.txt", b"x"))]),
+            client.get("/v1/batches/no-such-batch"),
+            client.get("/v1/nowhere"),
+        ]
+    for response in cases:
+        assert 400 <= response.status_code < 500, (response.request.url, response.status_code, response.text)
+        assert set(response.json()) == {"code", "message", "details"}
+
+
+def test_documents_list_paginates_and_delete_and_reingest_work(server: Server, mixed_kb: str) -> None:
+    with server.client("a_admin") as client:
+        seen: list[str] = []
+        cursor = None
+        while True:
+            params: dict[str, Any] = {"limit": 3, **({"cursor": cursor} if cursor else {})}
+            page = client.get(f"/v1/kbs/{mixed_kb}/documents", params=params).json()
+            seen += [d["doc_id"] for d in page["documents"]]
+            cursor = page["next_cursor"]
+            if cursor is None:
+                break
+        assert sorted(seen) == sorted([*MIXED, *NEEDLES])
+        assert client.post(f"/v1/kbs/{mixed_kb}/documents/rockets.txt/reingest").status_code == 202
+        assert wait_ready(client, mixed_kb, ["rockets.txt"])["rockets.txt"]["content_version"] == 2
+        deleted = client.delete(f"/v1/kbs/{mixed_kb}/documents/rockets.txt").json()
+        assert deleted["status"] == "deleted"
+        assert all(
+            h["doc_id"] != "rockets.txt" for h in _search(client, "kerosene liquid oxygen", kb_ids=[mixed_kb])
+        )

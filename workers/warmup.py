@@ -1,0 +1,25 @@
+"""Loads the heavy resources of a pool process once, right after the worker forks it."""
+
+from __future__ import annotations
+
+import logging
+import time
+
+from shared.embedding import encoder
+from workers.context import worker_context
+from workers.stages import parse, pii
+
+log = logging.getLogger(__name__)
+
+
+def warm_up() -> None:
+    started = time.perf_counter()
+    try:
+        ctx = worker_context()
+        parse.prepare()
+        encoder(ctx.settings.embedding).encode(["warm up"])
+        pii.analyzer().analyze(text="Warm up, Alice.", language="en")
+    except Exception:
+        log.warning("warm-up incomplete; resources will load on first use", exc_info=True)
+        return
+    log.info("pool process warmed up in %.1f s", time.perf_counter() - started)
