@@ -47,6 +47,45 @@ class DocumentPage(BaseModel):
     next_cursor: str | None
 
 
+class DocumentStatus(BaseModel):
+    """A document's status as agents poll it."""
+
+    kb_id: str
+    doc_id: str
+    status: str
+    stage: str | None
+    progress: float
+    attempts: int
+    error: dict[str, Any] | None
+    title: str | None
+    filename: str | None
+    mime_type: str | None
+    file_size: int
+    content_version: int
+    chunk_count: int
+    pii: dict[str, int]
+    timings: dict[str, float]
+    batch_id: str | None
+    created_at: str
+    updated_at: str
+
+
+class ChunkView(BaseModel):
+    chunk_idx: int
+    text: str
+    headings: list[str]
+    page_num: int | None
+    page_label: str | None
+
+
+class DocumentText(BaseModel):
+    kb_id: str
+    doc_id: str
+    title: str | None
+    total_chunks: int
+    chunks: list[ChunkView]
+
+
 class BatchView(BaseModel):
     batch_id: str
     total: int
@@ -190,6 +229,41 @@ class Catalog:
     def get_document(self, tenant_id: str, kb_id: str, doc_id: str) -> dict[str, Any]:
         self.registry.get_kb(tenant_id, kb_id)
         return document_view(self.registry.require_doc(tenant_id, kb_id, doc_id).doc)
+
+    def document_status(self, tenant_id: str, kb_id: str, doc_id: str) -> DocumentStatus:
+        view = self.get_document(tenant_id, kb_id, doc_id)
+        return DocumentStatus.model_validate({k: view.get(k) for k in DocumentStatus.model_fields})
+
+    def read_chunks(
+        self, tenant_id: str, kb_id: str, doc_id: str, chunk_idx: int | None, window: int
+    ) -> DocumentText:
+        """A chunk and its neighbours (or the first chunks in order) of the document's active version."""
+        self.registry.get_kb(tenant_id, kb_id)
+        doc = self.registry.require_doc(tenant_id, kb_id, doc_id).doc
+        if doc.active_generation is None or doc.status in (DocStatus.DELETING, DocStatus.DELETED):
+            raise RaglineError(f"document '{doc_id}' has no searchable version yet", code=ErrorCode.NOT_FOUND)
+        filters: list[dict[str, Any]] = [
+            {"term": {"tenant_id": tenant_id}},
+            {"term": {"kb_id": kb_id}},
+            {"term": {"doc_id": doc_id}},
+            {"term": {"generation": doc.active_generation}},
+        ]
+        if chunk_idx is not None:
+            filters.append({"range": {"chunk_idx": {"gte": chunk_idx - window, "lte": chunk_idx + window}}})
+        size = 2 * window + 1 if chunk_idx is not None else 200
+        response = self.client.search(
+            index=chunks_alias(self.settings),
+            body={
+                "size": size,
+                "query": {"bool": {"filter": filters}},
+                "sort": [{"chunk_idx": "asc"}],
+                "_source": ["chunk_idx", "text", "headings", "page_num", "page_label"],
+            },
+        )
+        chunks = [ChunkView.model_validate(h["_source"]) for h in response["hits"]["hits"]]
+        return DocumentText(
+            kb_id=kb_id, doc_id=doc_id, title=doc.title, total_chunks=doc.chunk_count, chunks=chunks
+        )
 
     def list_documents(
         self,

@@ -14,6 +14,8 @@ from services.api import errors
 from services.api.metrics import Metrics
 from services.api.routes import batches, documents, health, kbs, search
 from services.api.state import AppState, build_state, prepare_indexes
+from services.mcp.http import mcp_routes
+from services.mcp.server import build_mcp
 from shared.config import Settings, get_settings
 from shared.errors import ErrorCode, RaglineError
 
@@ -60,6 +62,9 @@ def create_app(settings: Settings | None = None, state: AppState | None = None) 
     """Build the API; fails at once when auth is not configured (it fails closed)."""
     settings = settings or get_settings()
     state = state or build_state(settings)
+    assert state.keys is not None
+    mcp = build_mcp(state)
+    routes = mcp_routes(mcp, state.keys)
 
     @asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
@@ -67,7 +72,8 @@ def create_app(settings: Settings | None = None, state: AppState | None = None) 
             prepare_indexes(state)
         except Exception as error:  # noqa: BLE001  (serve anyway; /readyz tells what is missing)
             log.warning("could not prepare the indexes yet: %s", type(error).__name__)
-        yield
+        async with mcp.session_manager.run():
+            yield
 
     app = FastAPI(
         title="Ragline",
@@ -82,6 +88,7 @@ def create_app(settings: Settings | None = None, state: AppState | None = None) 
     app.middleware("http")(app.state.metrics.middleware)
     for router in (kbs.router, documents.router, batches.router, search.router, health.router):
         app.include_router(router)
+    app.router.routes.extend(routes)
     app.add_middleware(BodyLimit, limit=settings.api.max_request_bytes)
     return app
 

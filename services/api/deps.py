@@ -20,7 +20,9 @@ def caller(
     authorization: Annotated[str | None, Header(description="`Bearer <API key>`")] = None,
     x_api_key: Annotated[str | None, Header(description="The API key (alternative to Authorization)")] = None,
 ) -> Principal:
-    return app_state(request).keys.principal(key_from_headers(authorization, x_api_key))
+    keys = app_state(request).keys
+    assert keys is not None, "the HTTP app is always built with a key ring"
+    return keys.principal(key_from_headers(authorization, x_api_key))
 
 
 def reader(principal: Annotated[Principal, Depends(caller)]) -> Principal:

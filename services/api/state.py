@@ -23,7 +23,7 @@ from shared.search.schema import ensure_indexes
 @dataclass
 class AppState:
     settings: Settings
-    keys: KeyRing
+    keys: KeyRing | None  # None for stdio MCP, whose identity comes from configuration
     client: OpenSearch
     redis: redis.Redis
     sender: Celery
@@ -33,9 +33,9 @@ class AppState:
     searcher: Searcher
 
 
-def build_state(settings: Settings) -> AppState:
-    """Check the configuration (auth fails closed), then connect; OpenSearch may come up later."""
-    keys = KeyRing(settings.auth, settings.tenant)
+def build_state(settings: Settings, *, http: bool = True) -> AppState:
+    """Check the configuration (HTTP auth fails closed), then connect; OpenSearch may come up later."""
+    keys = KeyRing(settings.auth, settings.tenant) if http else None
     client = build_client(settings.opensearch)
     registry = Registry(client, settings)
     sender = broker_client(settings)

@@ -121,6 +121,19 @@ def serve(
     )
 
 
+@app.command()
+def mcp() -> None:
+    """Run the MCP server over stdio, as the configured tenant (RAGLINE_TENANT)."""
+    from services.api.auth import Principal, Role
+    from services.api.state import build_state, prepare_indexes
+    from services.mcp.server import build_mcp
+
+    settings = _settings()
+    state = build_state(settings, http=False)
+    prepare_indexes(state)
+    build_mcp(state, stdio_principal=Principal(settings.tenant, Role.ADMIN, "stdio")).run(transport="stdio")
+
+
 @app.command("config")
 def show_config() -> None:
     """Print the effective configuration as JSON (secrets hidden)."""

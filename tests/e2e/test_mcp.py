@@ -1,0 +1,256 @@
+"""The MCP front with the SDK's own client, over stdio and over streamable HTTP."""
+
+from __future__ import annotations
+
+import base64
+import os
+import secrets
+import sys
+import uuid
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Any
+
+import anyio
+import httpx
+import pytest
+from mcp import ClientSession, StdioServerParameters
+from mcp.client.stdio import stdio_client
+from mcp.client.streamable_http import streamablehttp_client
+from mcp.types import CallToolResult
+
+from tests.e2e.helpers import Server
+from tests.fixtures import samples
+
+pytestmark = [pytest.mark.e2e, pytest.mark.anyio]
+
+RAGLINE = str(Path(sys.executable).parent / "ragline")
+TOOLS = {
+    "list_knowledge_bases",
+    "create_knowledge_base",
+    "search",
+    "get_document_status",
+    "ingest",
+    "delete_document",
+    "list_documents",
+    "get_batch_status",
+    "read_document",
+}
+READ_ONLY = {
+    "list_knowledge_bases",
+    "search",
+    "get_document_status",
+    "list_documents",
+    "get_batch_status",
+    "read_document",
+}
+
+
+@pytest.fixture
+def anyio_backend() -> str:
+    return "asyncio"
+
+
+@asynccontextmanager
+async def http_session(server: Server, key: str | None, **headers: str) -> AsyncIterator[ClientSession]:
+    if key:
+        headers["X-Api-Key"] = server.keys[key]
+    async with (
+        streamablehttp_client(f"{server.url}/mcp", headers=headers) as (read, write, _),
+        ClientSession(read, write) as session,
+    ):
+        await session.initialize()
+        yield session
+
+
+@asynccontextmanager
+async def stdio_session(tenant: str) -> AsyncIterator[ClientSession]:
+    env = {**os.environ, "RAGLINE_TENANT": tenant}
+    params = StdioServerParameters(command=RAGLINE, args=["mcp"], env=env)
+    async with stdio_client(params) as (read, write), ClientSession(read, write) as session:
+        await session.initialize()
+        yield session
+
+
+async def call(session: ClientSession, tool: str, **arguments: Any) -> dict[str, Any]:
+    result = await session.call_tool(tool, arguments)
+    assert not result.isError, (tool, result.content)
+    assert result.structuredContent is not None
+    return result.structuredContent
+
+
+def error_text(result: CallToolResult) -> str:
+    assert result.isError
+    text = result.content[0].text  # type: ignore[union-attr]
+    assert "Traceback" not in text
+    return str(text)
+
+
+async def lifecycle(session: ClientSession) -> None:
+    """list → create → ingest (text and base64 PDF) → poll → search → read → delete."""
+    listed = await session.list_tools()
+    tools = {tool.name: tool for tool in listed.tools}
+    assert set(tools) >= TOOLS
+    for name, tool in tools.items():
+        assert tool.inputSchema["type"] == "object"
+        assert tool.outputSchema is not None, name
+        assert tool.annotations is not None
+        assert tool.annotations.readOnlyHint is (name in READ_ONLY), name
+    assert tools["search"].inputSchema["properties"]["top_k"]["maximum"] == 100
+
+    kb = f"kb-{uuid.uuid4().hex[:6]}"
+    await call(session, "create_knowledge_base", kb_id=kb, name="agent notes", description="test")
+    assert kb in [k["kb_id"] for k in (await call(session, "list_knowledge_bases"))["knowledge_bases"]]
+    text = await call(
+        session,
+        "ingest",
+        kb_id=kb,
+        content="The heron nests in the reed beds each spring.",
+        filename="heron.txt",
+    )
+    assert text["outcome"] == "created"
+    pdf = samples.text_pdf([["Volcano survey", "Basalt columns formed as the lava cooled slowly."]])
+    encoded = base64.b64encode(pdf).decode()
+    binary = await call(session, "ingest", kb_id=kb, content_base64=encoded, filename="volcano.pdf")
+    seen: set[str] = set()
+    for _ in range(600):
+        statuses = [
+            await call(session, "get_document_status", kb_id=kb, doc_id=d["doc_id"]) for d in (text, binary)
+        ]
+        seen.update(s["status"] for s in statuses)
+        if all(s["status"] == "ready" for s in statuses):
+            break
+        assert not any(s["status"] == "failed" for s in statuses), statuses
+        await anyio.sleep(0.2)
+    assert statuses[1]["mime_type"] == "application/pdf"
+    print(f"statuses seen while polling: {sorted(seen)}")
+    hits = (await call(session, "search", query="where do herons nest?", kb_ids=[kb], top_k=3))["results"]
+    assert hits[0]["doc_id"] == "heron.txt"
+    assert hits[0]["semantic"]["rank"] is not None
+    volcano = (await call(session, "search", query="basalt columns", kb_ids=[kb], mode="keyword"))["results"]
+    assert volcano[0]["doc_id"] == binary["doc_id"]
+    assert volcano[0]["page_num"] == 1
+    around = await call(session, "read_document", kb_id=kb, doc_id="heron.txt", chunk_idx=0, window=1)
+    assert "heron" in around["chunks"][0]["text"]
+    page = await call(session, "list_documents", kb_id=kb)
+    assert sorted(d["doc_id"] for d in page["documents"]) == sorted([text["doc_id"], binary["doc_id"]])
+    await call(session, "get_batch_status", batch_id=text["batch_id"])
+    deleted = await call(session, "delete_document", kb_id=kb, doc_id="heron.txt")
+    assert deleted["status"] == "deleted"
+    after = (await call(session, "search", query="where do herons nest?", kb_ids=[kb]))["results"]
+    assert all(h["doc_id"] != "heron.txt" for h in after)
+
+
+async def test_stdio_lifecycle() -> None:
+    async with stdio_session(f"stdio-{secrets.token_hex(4)}") as session:
+        await lifecycle(session)
+
+
+async def test_http_lifecycle(server: Server) -> None:
+    async with http_session(server, "a_admin") as session:
+        await lifecycle(session)
+
+
+async def test_ingest_waits_and_reports_progress(server: Server) -> None:
+    progress: list[tuple[float, str | None]] = []
+
+    async def on_progress(progress: float, total: float | None, message: str | None) -> None:
+        received.append((progress, message))
+
+    received = progress
+
+    async with http_session(server, "a_admin") as session:
+        kb = f"kb-{uuid.uuid4().hex[:6]}"
+        await call(session, "create_knowledge_base", kb_id=kb, name="waits")
+        result = await session.call_tool(
+            "ingest",
+            {"kb_id": kb, "content": "Otters hold hands while they sleep.", "wait_seconds": 120},
+            progress_callback=on_progress,
+        )
+    assert not result.isError, result.content
+    assert result.structuredContent is not None
+    assert result.structuredContent["status"] == "ready"
+    assert result.structuredContent["document"]["chunk_count"] >= 1
+    print(f"progress notifications: {progress}")
+    assert len(progress) >= 2
+    assert progress[-1] == (1.0, "ready")
+    assert [p for p, _ in progress] == sorted(p for p, _ in progress)
+
+
+async def test_http_refuses_missing_wrong_and_foreign_identities(server: Server) -> None:
+    init = {
+        "jsonrpc": "2.0",
+        "id": 1,
+        "method": "initialize",
+        "params": {
+            "protocolVersion": "2025-06-18",
+            "capabilities": {},
+            "clientInfo": {"name": "t", "version": "1"},
+        },
+    }
+    accept = {"accept": "application/json, text/event-stream"}
+    async with httpx.AsyncClient(base_url=server.url) as client:
+        missing = await client.post("/mcp", json=init, headers=accept)
+        assert missing.status_code == 401
+        assert missing.json()["code"] == "AUTH_ERROR"
+        wrong = await client.post(
+            "/mcp", json=init, headers={**accept, "X-Api-Key": "wrong-key-0123456789abc"}
+        )
+        assert wrong.status_code == 401
+        foreign = await client.post(
+            "/mcp",
+            json=init,
+            headers={**accept, "X-Api-Key": server.keys["a_admin"], "Origin": "http://evil.example"},
+        )
+        assert foreign.status_code == 403
+        rebound = await client.post(
+            "/mcp", json=init, headers={**accept, "X-Api-Key": server.keys["a_admin"], "Host": "evil.example"}
+        )
+        assert rebound.status_code == 421
+    # Tenant A's KB through tenant B's key: NOT_FOUND, never data.
+    async with http_session(server, "a_admin") as session:
+        kb = f"kb-{uuid.uuid4().hex[:6]}"
+        await call(session, "create_knowledge_base", kb_id=kb, name="private")
+        doc = await call(
+            session, "ingest", kb_id=kb, content="The vault code is in drawer seven.", wait_seconds=120
+        )
+        assert doc["status"] == "ready"
+    async with http_session(server, "b_admin") as other:
+        for tool, arguments in [
+            ("get_document_status", {"kb_id": kb, "doc_id": doc["doc_id"]}),
+            ("search", {"query": "vault code", "kb_ids": [kb]}),
+            ("read_document", {"kb_id": kb, "doc_id": doc["doc_id"]}),
+            ("list_documents", {"kb_id": kb}),
+            ("delete_document", {"kb_id": kb, "doc_id": doc["doc_id"]}),
+            ("ingest", {"kb_id": kb, "content": "overwrite"}),
+            ("get_batch_status", {"batch_id": doc["batch_id"]}),
+        ]:
+            result = await other.call_tool(tool, arguments)
+            assert error_text(result).startswith("NOT_FOUND: "), (tool, result.content)
+        assert (await call(other, "search", query="vault code"))["results"] == []
+        assert kb not in [k["kb_id"] for k in (await call(other, "list_knowledge_bases"))["knowledge_bases"]]
+    async with http_session(server, "a_read") as reader:
+        refused = await reader.call_tool("ingest", {"kb_id": kb, "content": "x"})
+        assert error_text(refused).startswith("FORBIDDEN: ")
+
+
+async def test_bad_arguments_are_tool_errors_and_the_session_survives(server: Server) -> None:
+    async with http_session(server, "a_admin") as session:
+        kb = f"kb-{uuid.uuid4().hex[:6]}"
+        await call(session, "create_knowledge_base", kb_id=kb, name="args")
+        cases: list[tuple[str, dict[str, Any], str]] = [
+            ("search", {"query": ""}, "INVALID_ARGUMENT"),
+            ("search", {"query": "x", "top_k": 0}, "INVALID_ARGUMENT"),
+            ("search", {"query": "x", "top_k": 1000}, "INVALID_ARGUMENT"),
+            ("search", {"query": "x", "kb_ids": ["no-such-kb"]}, "NOT_FOUND"),
+            ("ingest", {"kb_id": kb, "content_base64": "%%% not base64"}, "INVALID_ARGUMENT"),
+            ("ingest", {"kb_id": kb}, "INVALID_ARGUMENT"),
+            ("ingest", {"kb_id": "no-such-kb", "content": "x"}, "NOT_FOUND"),
+            ("get_document_status", {"kb_id": kb, "doc_id": "missing"}, "NOT_FOUND"),
+        ]
+        for tool, arguments, code in cases:
+            result = await session.call_tool(tool, arguments)
+            assert error_text(result).startswith(f"{code}: "), (tool, arguments, result.content)
+        # still usable
+        assert (await call(session, "list_knowledge_bases"))["knowledge_bases"]
