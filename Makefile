@@ -3,13 +3,16 @@ SHELL := /bin/bash
 VENV ?= .venv
 STACK := bash deploy/local/stack.sh
 
-.PHONY: install up down status test lint format clean-state
+.PHONY: install up demo down status test lint format clean-state
 
 install:  ## venv, Python packages, Debian packages and OpenSearch artifacts (idempotent)
 	@bash deploy/local/setup.sh
 
 up: install  ## start OpenSearch (k-NN), Redis and a worker on 127.0.0.1
 	@$(VENV)/bin/ragline up
+
+demo: install  ## the main job: start the stack, bulk-load the SQLite docs, search them over MCP
+	@bash deploy/local/demo.sh
 
 down:  ## stop the local stack
 	@$(STACK) down

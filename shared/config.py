@@ -204,6 +204,10 @@ class ApiSettings(_Section):
     interactive_max_bytes: int = Field(
         5 << 20, ge=0, description="Single uploads up to this size go to the interactive queue."
     )
+    max_queued_tasks: int = Field(
+        2000, ge=1, description="Bulk uploads get RATE_LIMITED (429) while this many tasks wait."
+    )
+    retry_after_s: int = Field(5, ge=1, le=3600, description="Retry-After sent with RATE_LIMITED.")
     allowed_hosts: list[str] = Field(
         default_factory=lambda: ["127.0.0.1", "localhost", "[::1]"],
         description="Host headers accepted on /mcp (DNS-rebinding protection); add your public name.",

@@ -233,7 +233,20 @@ class Ingestor:
             log.warning("enqueue failed for %s/%s; the reconciler will retry", doc.kb_id, doc.doc_id)
 
 
+# Failures that the same bytes would meet again; others (outages, timeouts, bugs) deserve a retry.
+_FINAL_FAILURES = {
+    ErrorCode.UNSUPPORTED_MEDIA_TYPE,
+    ErrorCode.PARSE_ERROR,
+    ErrorCode.EMPTY_DOCUMENT,
+    ErrorCode.TOO_LARGE,
+    ErrorCode.PII_BLOCKED,
+}
+
+
 def _unchanged(doc: Document, sha256: str, metadata: dict[str, Any]) -> bool:
-    if doc.content_hash != sha256 or doc.status in (DocStatus.FAILED, DocStatus.DELETED, DocStatus.DELETING):
+    """Same bytes and metadata, and nothing a new attempt could change: submit does no work."""
+    if doc.content_hash != sha256 or doc.status in (DocStatus.DELETED, DocStatus.DELETING):
+        return False
+    if doc.status == DocStatus.FAILED and (doc.error is None or doc.error.code not in _FINAL_FAILURES):
         return False
     return not metadata or metadata == doc.metadata

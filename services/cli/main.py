@@ -10,6 +10,7 @@ from typing import Annotated
 
 import typer
 
+from services.cli import remote_commands
 from shared.config import REPO_ROOT, ConfigError, Settings, get_settings
 
 app = typer.Typer(
@@ -139,6 +140,13 @@ def show_config() -> None:
     """Print the effective configuration as JSON (secrets hidden)."""
     settings = _settings()
     typer.echo(json.dumps(settings.model_dump(mode="json"), indent=2))
+
+
+app.add_typer(remote_commands.kb_app, name="kb")
+app.add_typer(remote_commands.doc_app, name="doc")
+app.add_typer(remote_commands.batch_app, name="batch")
+app.command()(remote_commands.search)
+app.command()(remote_commands.ingest)
 
 
 def main() -> None:

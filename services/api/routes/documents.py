@@ -73,6 +73,19 @@ def _clean_name(name: str) -> str:
     return cleaned[:255] or "upload"
 
 
+def _admit_bulk(state: State) -> None:
+    """Backpressure: refuse bulk work while the bulk queue is over its bound (nothing is dropped)."""
+    waiting = int(state.redis.llen("bulk"))
+    bound = state.settings.api.max_queued_tasks
+    if waiting >= bound:
+        retry = state.settings.api.retry_after_s
+        raise RaglineError(
+            f"{waiting} tasks are waiting (bound {bound}); retry in {retry} s",
+            code=ErrorCode.RATE_LIMITED,
+            details={"retry_after": retry, "queued": waiting},
+        )
+
+
 def _field(form: Any, name: str) -> str | None:
     value = form.get(name)
     return value if isinstance(value, str) and value != "" else None
@@ -155,6 +168,8 @@ async def upload(kb_id: str, request: Request, state: State, who: Writer) -> Upl
         batch_id = _field(form, "batch_id") or uuid.uuid4().hex
         single_small = len(files) == 1 and (files[0].size or 0) <= settings.interactive_max_bytes
         queue = priority or ("interactive" if single_small else "bulk")
+        if queue == "bulk":
+            await run_in_threadpool(_admit_bulk, state)
         accepted = []
         for upload_file in files:
             name = _clean_name(upload_file.filename or "upload")

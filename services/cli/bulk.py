@@ -1,0 +1,225 @@
+"""`ragline ingest`: load files and folders through the REST API, with live progress and a summary.
+
+Doc ids are the paths relative to the given root, so a re-run maps every file to the same
+document: unchanged files come back `unchanged`, an interrupted load completes what is missing.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import json
+import sys
+import time
+import uuid
+from collections import Counter
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor, as_completed
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+from rich.live import Live
+from rich.table import Table
+
+from services.cli.remote import ApiError, Remote
+from shared.models import safe_doc_id
+
+TERMINAL = {"ready", "failed", "deleted"}
+PLAIN_EVERY_S = 5.0
+
+
+@dataclass
+class LoadReport:
+    batch_id: str
+    scanned: int = 0
+    uploaded: int = 0
+    outcomes: Counter[str] = field(default_factory=Counter)
+    statuses: Counter[str] = field(default_factory=Counter)
+    failures: list[dict[str, Any]] = field(default_factory=list)
+    chunks: int = 0
+    throttled: int = 0
+    seconds: float = 0.0
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "batch_id": self.batch_id,
+            "files": self.scanned,
+            "uploaded": self.uploaded,
+            "outcomes": dict(self.outcomes),
+            "statuses": dict(self.statuses),
+            "failures": self.failures,
+            "chunks": self.chunks,
+            "throttled": self.throttled,
+            "seconds": round(self.seconds, 2),
+        }
+
+
+def walk(paths: list[Path], pattern: str | None, recursive: bool) -> Iterator[tuple[Path, str]]:
+    """(file, doc id) pairs; the id is the path relative to the argument it came from."""
+    for root in paths:
+        if root.is_file():
+            candidates: list[tuple[Path, str]] = [(root, root.name)]
+        elif root.is_dir():
+            found = root.rglob("*") if recursive else root.glob("*")
+            candidates = [(p, p.relative_to(root).as_posix()) for p in sorted(found) if p.is_file()]
+        else:
+            raise FileNotFoundError(str(root))
+        for file, relative in candidates:
+            if pattern is None or fnmatch.fnmatch(relative, pattern) or fnmatch.fnmatch(file.name, pattern):
+                yield file, safe_doc_id(relative)
+
+
+def _upload(
+    remote: Remote, kb: str, file: Path, doc_id: str, batch_id: str, metadata: dict[str, str]
+) -> dict[str, Any]:
+    with file.open("rb") as handle:
+        body = remote.post(
+            f"/v1/kbs/{kb}/documents",
+            files=[("files", (file.name, handle, "application/octet-stream"))],
+            data={
+                "doc_id": doc_id,
+                "batch_id": batch_id,
+                "priority": "bulk",
+                "metadata": json.dumps(metadata),
+            },
+        )
+    return dict(body["documents"][0])
+
+
+def _render(report: LoadReport, started: float) -> Table:
+    elapsed = max(time.monotonic() - started, 1e-6)
+    done = sum(report.statuses.get(s, 0) for s in TERMINAL) + report.outcomes.get("unchanged", 0)
+    rate = done / elapsed
+    remaining = report.scanned - done
+    eta = f"{remaining / rate:.0f} s" if rate > 0 and remaining > 0 else "-"
+    table = Table(show_header=False, box=None)
+    table.add_row("files scanned", str(report.scanned))
+    table.add_row("uploaded", f"{report.uploaded} (throttled {report.throttled}x)")
+    table.add_row("outcomes", ", ".join(f"{k} {v}" for k, v in sorted(report.outcomes.items())) or "-")
+    table.add_row("documents", ", ".join(f"{k} {v}" for k, v in sorted(report.statuses.items())) or "-")
+    table.add_row("throughput", f"{rate:.1f} docs/s, {report.chunks / elapsed:.1f} chunks/s, ETA {eta}")
+    return table
+
+
+def _poll(remote: Remote, report: LoadReport) -> bool:
+    """Refresh the counts from the batch; True when every document of it is terminal."""
+    try:
+        batch = remote.get(f"/v1/batches/{report.batch_id}")
+    except ApiError as error:
+        if error.code == "NOT_FOUND":  # nothing of this run was new: every file was unchanged
+            return report.uploaded == report.scanned
+        raise
+    report.statuses = Counter(batch["counts"])
+    report.failures = batch["failures"]
+    return bool(batch["done"]) and batch["total"] >= report.uploaded - report.outcomes.get("unchanged", 0)
+
+
+def load(
+    remote: Remote,
+    kb: str,
+    files: list[tuple[Path, str]],
+    *,
+    metadata: dict[str, str],
+    concurrency: int,
+    wait: bool,
+    console: Console,
+) -> LoadReport:
+    report = LoadReport(batch_id=uuid.uuid4().hex, scanned=len(files))
+    started = time.monotonic()
+    live = (
+        Live(_render(report, started), console=console, refresh_per_second=4) if console.is_terminal else None
+    )
+    last_plain = 0.0
+
+    def show(force: bool = False) -> None:
+        nonlocal last_plain
+        report.throttled = remote.throttled
+        if live is not None:
+            live.update(_render(report, started))
+        elif force or time.monotonic() - last_plain >= PLAIN_EVERY_S:
+            last_plain = time.monotonic()
+            print(
+                json.dumps({"progress": report.as_dict() | {"failures": len(report.failures)}}),
+                file=sys.stderr,
+            )
+
+    if live is not None:
+        live.start()
+    unfinished: list[str] = []
+    try:
+        with ThreadPoolExecutor(max_workers=concurrency) as pool:
+            futures = {pool.submit(_upload, remote, kb, f, d, report.batch_id, metadata): d for f, d in files}
+            last_poll = time.monotonic()
+            for future in as_completed(futures):
+                doc_id = futures[future]
+                try:
+                    accepted = future.result()
+                except ApiError as error:
+                    report.outcomes["rejected"] += 1
+                    report.failures.append(
+                        {"doc_id": doc_id, "error": {"code": error.code, "message": error.message}}
+                    )
+                    continue
+                report.uploaded += 1
+                report.outcomes[accepted["outcome"]] += 1
+                if accepted["outcome"] == "unchanged" and accepted["status"] != "ready":
+                    unfinished.append(doc_id)  # from an earlier run: still working, or failed for good
+                if time.monotonic() - last_poll > 1.0:
+                    last_poll = time.monotonic()
+                    _poll(remote, report)
+                show()
+        rejected = list(report.failures)
+        while wait and not _poll(remote, report):
+            show()
+            time.sleep(1.0)
+        earlier = _finish_earlier(remote, kb, unfinished) if wait else []
+        for doc in earlier:
+            report.statuses[doc["status"]] += 1
+        report.failures = (
+            rejected
+            + report.failures
+            + [
+                {"kb_id": kb, "doc_id": d["doc_id"], "error": d["error"]}
+                for d in earlier
+                if d["status"] == "failed"
+            ]
+        )
+        report.chunks = _chunks(remote, kb, report)
+        report.seconds = time.monotonic() - started
+        show(force=True)
+    finally:
+        if live is not None:
+            live.stop()
+    return report
+
+
+def _finish_earlier(remote: Remote, kb: str, doc_ids: list[str]) -> list[dict[str, Any]]:
+    """Wait for documents an interrupted run had submitted (this run found them unchanged)."""
+    done = []
+    for doc_id in doc_ids:
+        while (doc := remote.get(f"/v1/kbs/{kb}/documents/{doc_id}"))["status"] not in TERMINAL:
+            time.sleep(1.0)
+        done.append(doc)
+    return done
+
+
+def _chunks(remote: Remote, kb: str, report: LoadReport) -> int:
+    try:
+        return int(remote.get(f"/v1/kbs/{kb}")["chunk_count"])
+    except ApiError:
+        return report.chunks
+
+
+def summary_table(report: LoadReport) -> Table:
+    table = Table(title=f"batch {report.batch_id}")
+    table.add_column("what")
+    table.add_column("count", justify="right")
+    table.add_row("files", str(report.scanned))
+    for name in ("created", "updated", "unchanged", "rejected"):
+        table.add_row(name, str(report.outcomes.get(name, 0)))
+    for name in ("ready", "failed"):
+        table.add_row(name, str(report.statuses.get(name, 0)))
+    table.add_row("throttled (429)", str(report.throttled))
+    table.add_row("seconds", f"{report.seconds:.1f}")
+    return table

@@ -1,0 +1,220 @@
+"""Daily CLI commands against the API: knowledge bases, documents, batches, search, bulk ingest."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from services.cli.bulk import load, summary_table, walk
+from services.cli.remote import ApiError, Remote, default_key, default_server
+from shared.config import ConfigError, get_settings
+
+Server = Annotated[
+    str | None, typer.Option("--server", help="API URL (default: RAGLINE_SERVER or the local API).")
+]
+ApiKey = Annotated[
+    str | None, typer.Option("--api-key", help="API key (default: RAGLINE_API_KEY or the local dev key).")
+]
+AsJson = Annotated[bool, typer.Option("--json", help="Print JSON instead of a table.")]
+
+kb_app = typer.Typer(help="Knowledge bases.", no_args_is_help=True)
+doc_app = typer.Typer(help="Documents.", no_args_is_help=True)
+batch_app = typer.Typer(help="Batches of uploads.", no_args_is_help=True)
+console = Console()
+
+
+def _remote(server: str | None, api_key: str | None) -> Remote:
+    try:
+        settings = get_settings()
+    except ConfigError as error:
+        typer.echo(str(error), err=True)
+        raise typer.Exit(2) from None
+    return Remote(server or default_server(settings), api_key or default_key(settings))
+
+
+def _call(remote: Remote, method: str, path: str, **kwargs: Any) -> Any:
+    try:
+        return remote.request(method, path, **kwargs)
+    except ApiError as error:
+        typer.echo(f"{error.code}: {error.message}", err=True)
+        raise typer.Exit(1) from None
+    finally:
+        remote.close()
+
+
+def _print(
+    value: Any, as_json: bool, columns: list[str] | None = None, rows: list[dict[str, Any]] | None = None
+) -> None:
+    if as_json or columns is None or rows is None:
+        typer.echo(json.dumps(value, indent=2))
+        return
+    table = Table()
+    for column in columns:
+        table.add_column(column)
+    for row in rows:
+        table.add_row(*[str(row.get(c, "")) for c in columns])
+    console.print(table)
+
+
+@kb_app.command("create")
+def kb_create(
+    kb_id: str,
+    name: Annotated[str | None, typer.Option(help="Display name (default: the id).")] = None,
+    description: str = "",
+    pii_policy: Annotated[str | None, typer.Option(help="redact, mask, hash, block, off")] = None,
+    server: Server = None,
+    api_key: ApiKey = None,
+    as_json: AsJson = False,
+) -> None:
+    """Create a knowledge base."""
+    body: dict[str, Any] = {"kb_id": kb_id, "name": name or kb_id, "description": description}
+    if pii_policy:
+        body["settings"] = {"pii_policy": pii_policy}
+    _print(_call(_remote(server, api_key), "POST", "/v1/kbs", json=body), True)
+
+
+@kb_app.command("list")
+def kb_list(server: Server = None, api_key: ApiKey = None, as_json: AsJson = False) -> None:
+    """List knowledge bases with document and chunk counts."""
+    kbs = _call(_remote(server, api_key), "GET", "/v1/kbs")["knowledge_bases"]
+    _print(kbs, as_json, ["kb_id", "name", "document_count", "chunk_count", "description"], kbs)
+
+
+@kb_app.command("show")
+def kb_show(kb_id: str, server: Server = None, api_key: ApiKey = None) -> None:
+    """Show one knowledge base."""
+    _print(_call(_remote(server, api_key), "GET", f"/v1/kbs/{kb_id}"), True)
+
+
+@kb_app.command("delete")
+def kb_delete(
+    kb_id: str,
+    yes: Annotated[bool, typer.Option("--yes", help="Do not ask.")] = False,
+    server: Server = None,
+    api_key: ApiKey = None,
+) -> None:
+    """Delete a knowledge base with all its documents and chunks."""
+    if not yes:
+        typer.confirm(f"delete knowledge base '{kb_id}' and all its documents?", abort=True)
+    _call(_remote(server, api_key), "DELETE", f"/v1/kbs/{kb_id}")
+    typer.echo(f"deleted {kb_id}")
+
+
+@doc_app.command("status")
+def doc_status(
+    kb: Annotated[str, typer.Option("--kb")], doc_id: str, server: Server = None, api_key: ApiKey = None
+) -> None:
+    """A document's status object."""
+    _print(_call(_remote(server, api_key), "GET", f"/v1/kbs/{kb}/documents/{doc_id}"), True)
+
+
+@doc_app.command("list")
+def doc_list(
+    kb: Annotated[str, typer.Option("--kb")],
+    status: str | None = None,
+    limit: Annotated[int, typer.Option(min=1, max=1000)] = 50,
+    cursor: str | None = None,
+    server: Server = None,
+    api_key: ApiKey = None,
+    as_json: AsJson = False,
+) -> None:
+    """List documents (one page; pass --cursor for the next)."""
+    params: dict[str, Any] = {
+        "limit": limit,
+        **({"status": status} if status else {}),
+        **({"cursor": cursor} if cursor else {}),
+    }
+    page = _call(_remote(server, api_key), "GET", f"/v1/kbs/{kb}/documents", params=params)
+    _print(page, as_json, ["doc_id", "status", "chunk_count", "updated_at"], page["documents"])
+    if not as_json and page["next_cursor"]:
+        typer.echo(f"next page: --cursor {page['next_cursor']}")
+
+
+@doc_app.command("delete")
+def doc_delete(
+    kb: Annotated[str, typer.Option("--kb")], doc_id: str, server: Server = None, api_key: ApiKey = None
+) -> None:
+    """Delete a document."""
+    _print(_call(_remote(server, api_key), "DELETE", f"/v1/kbs/{kb}/documents/{doc_id}"), True)
+
+
+@batch_app.command("status")
+def batch_status(batch_id: str, server: Server = None, api_key: ApiKey = None) -> None:
+    """Counts per status and failures of a batch."""
+    _print(_call(_remote(server, api_key), "GET", f"/v1/batches/{batch_id}"), True)
+
+
+def search(
+    query: str,
+    kb: Annotated[list[str] | None, typer.Option("--kb", help="Knowledge base (repeatable).")] = None,
+    top_k: Annotated[int, typer.Option(min=1, max=100)] = 10,
+    mode: Annotated[str, typer.Option(help="hybrid, similarity or keyword")] = "hybrid",
+    server: Server = None,
+    api_key: ApiKey = None,
+    as_json: AsJson = False,
+) -> None:
+    """Search knowledge bases."""
+    body: dict[str, Any] = {"query": query, "top_k": top_k, "mode": mode, **({"kb_ids": kb} if kb else {})}
+    result = _call(_remote(server, api_key), "POST", "/v1/search", json=body)
+    rows = [
+        {**h, "text": " ".join(h["text"].split())[:100], "score": f"{h['score']:.4f}"}
+        for h in result["results"]
+    ]
+    _print(result, as_json, ["score", "kb_id", "doc_id", "page_num", "text"], rows)
+
+
+def ingest(
+    paths: Annotated[list[Path], typer.Argument(help="Files and folders to load.")],
+    kb: Annotated[str, typer.Option("--kb", help="Target knowledge base.")],
+    glob: Annotated[str | None, typer.Option("--glob", help="Only files matching this pattern.")] = None,
+    recursive: Annotated[bool, typer.Option("--recursive", "-r", help="Descend into folders.")] = False,
+    metadata: Annotated[list[str] | None, typer.Option("--metadata", help="k=v, repeatable.")] = None,
+    concurrency: Annotated[int, typer.Option(min=1, max=64, help="Parallel uploads.")] = 4,
+    wait: Annotated[bool, typer.Option("--wait/--no-wait", help="Wait until every document is done.")] = True,
+    server: Server = None,
+    api_key: ApiKey = None,
+    as_json: AsJson = False,
+) -> None:
+    """Bulk-load files through the API; re-running is cheap and completes an interrupted load."""
+    pairs: dict[str, str] = {}
+    for item in metadata or []:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            raise typer.BadParameter(f"--metadata needs k=v, got {item!r}")
+        pairs[key] = value
+    try:
+        files = list(walk(paths, glob, recursive))
+    except FileNotFoundError as error:
+        typer.echo(f"NOT_FOUND: no such file or folder: {error}", err=True)
+        raise typer.Exit(2) from None
+    remote = _remote(server, api_key)
+    try:
+        remote.get(f"/v1/kbs/{kb}")
+        report = load(
+            remote,
+            kb,
+            files,
+            metadata=pairs,
+            concurrency=concurrency,
+            wait=wait,
+            console=Console(stderr=True),
+        )
+    except ApiError as error:
+        typer.echo(f"{error.code}: {error.message}", err=True)
+        raise typer.Exit(1) from None
+    finally:
+        remote.close()
+    if as_json:
+        typer.echo(json.dumps(report.as_dict(), indent=2))
+    else:
+        console.print(summary_table(report))
+        for failure in report.failures:
+            reason = failure.get("error") or {}
+            typer.echo(f"FAILED {failure['doc_id']}: {reason.get('code')}: {reason.get('message')}")
+    if report.failures:
+        raise typer.Exit(1)
