@@ -103,6 +103,9 @@ class CelerySettings(_Section):
     max_retries: int = Field(5, ge=0, le=50, description="Retries of a task after transient errors.")
     retry_backoff_max_s: int = Field(300, ge=1, description="Upper bound of the retry backoff.")
     worker_concurrency: int = Field(1, ge=1, le=64, description="Processes per worker.")
+    reconcile_interval_s: float = Field(
+        15.0, ge=1, le=3600, description="How often the reconciler looks for documents to send again."
+    )
     queues: list[str] = Field(
         default_factory=lambda: ["interactive", "bulk"],
         min_length=1,

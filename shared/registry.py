@@ -145,7 +145,7 @@ class Registry:
     def search_docs(
         self, query: dict[str, Any], *, size: int, sort: list[Any], search_after: list[Any] | None = None
     ) -> list[dict[str, Any]]:
-        body: dict[str, Any] = {"size": size, "query": query, "sort": sort}
+        body: dict[str, Any] = {"size": size, "query": query, "sort": sort, "seq_no_primary_term": True}
         if search_after:
             body["search_after"] = search_after
         return list(self.client.search(index=self.docs, body=body)["hits"]["hits"])

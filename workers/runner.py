@@ -32,7 +32,8 @@ from workers.context import WorkerContext
 
 log = logging.getLogger(__name__)
 
-STAGE_LEASE = timedelta(minutes=15)
+# Longer than the slowest stage (parse time limit + margin); the reconciler takes over after it.
+STAGE_LEASE = timedelta(minutes=5)
 PEER_DOCS = 31  # documents taken along by a batched stage, besides its own
 MAX_TRANSITIONS = 64
 WORKER_ID = f"{socket.gethostname()}:{os.getpid()}"

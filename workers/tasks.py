@@ -4,17 +4,33 @@ from __future__ import annotations
 
 import os
 import socket
+import threading
 from typing import Any
 
 from celery import Task, shared_task
-from celery.signals import worker_process_init
+from celery.signals import worker_process_init, worker_ready
 
 from shared.ingest import STAGE_TASK, StageRef
 from shared.models import Stage
 from workers.context import worker_context
 from workers.pipeline import BATCH_FUNCTIONS, STAGE_FUNCTIONS
+from workers.reconciler import run_forever
 from workers.runner import Done, Retry, run_stage
 from workers.warmup import warm_up
+
+
+@worker_ready.connect
+def _start_reconciler(sender: Any = None, **_: Any) -> None:
+    """Every worker runs the reconciler loop; a Redis lease lets one of them act at a time."""
+    ctx = worker_context()
+    me = f"{socket.gethostname()}:{os.getpid()}"
+    thread = threading.Thread(
+        target=run_forever,
+        args=(ctx, me, ctx.settings.celery.reconcile_interval_s, threading.Event()),
+        name="ragline-reconciler",
+        daemon=True,
+    )
+    thread.start()
 
 
 @worker_process_init.connect

@@ -1,0 +1,86 @@
+"""Nothing accepted is lost: the reconciler resends lost work, and duplicate deliveries do no harm."""
+
+from __future__ import annotations
+
+import time
+from datetime import timedelta
+
+import pytest
+import redis
+from celery import Celery
+from opensearchpy import OpenSearch
+
+from shared.blobs import BlobStore
+from shared.config import Settings
+from shared.ingest import STAGE_TASK, Ingestor, StageRef
+from shared.models import DocStatus, Document, Stage, utcnow
+from shared.queue import enqueue
+from shared.registry import Registry
+from tests.integration.helpers import chunks_of, new_kb, wait_terminal
+
+pytestmark = pytest.mark.integration
+
+
+def test_a_document_whose_send_was_lost_is_sent_again(registry: Registry, settings: Settings) -> None:
+    kb = new_kb(registry, pii_policy="off")
+    blob = BlobStore(settings.state_dir / "blobstore").put(b"The lighthouse keeper logs every ship.\n")
+    expired = utcnow() - timedelta(seconds=1)
+    # What submit leaves behind when the broker is down: a queued record, no task anywhere.
+    registry.create_doc(
+        Document(
+            tenant_id=kb.tenant_id,
+            kb_id=kb.kb_id,
+            doc_id="lost.txt",
+            content_hash=blob.sha256,
+            file_size=blob.size,
+            filename="lost.txt",
+            lease_until=expired,
+        )
+    )
+    started = time.monotonic()
+    doc = wait_terminal(registry, kb, ["lost.txt"], timeout_s=180)["lost.txt"]
+    print(f"lost send recovered in {time.monotonic() - started:.1f} s")
+    assert doc.status == DocStatus.READY
+
+
+def test_broker_flushed_mid_load_loses_nothing(
+    registry: Registry, ingestor: Ingestor, redis_client: redis.Redis
+) -> None:
+    kb = new_kb(registry, pii_policy="off")
+    names = [f"flush-{i}.txt" for i in range(40)]
+    for i, name in enumerate(names):
+        ingestor.submit(
+            kb.tenant_id,
+            kb.kb_id,
+            f"Record {i}: the ferry {i * 5} docked at pier {i % 9}.\n".encode(),
+            filename=name,
+        )
+    time.sleep(2)
+    redis_client.flushall()  # queues, unacknowledged tasks, caches: all gone
+    flushed = time.monotonic()
+    docs = wait_terminal(registry, kb, names, timeout_s=300)
+    print(f"all {len(names)} documents terminal {time.monotonic() - flushed:.1f} s after the flush")
+    assert {d.status for d in docs.values()} == {DocStatus.READY}
+
+
+def test_duplicate_delivery_makes_one_set_of_chunks(
+    registry: Registry, ingestor: Ingestor, sender: Celery, opensearch: OpenSearch, settings: Settings
+) -> None:
+    kb = new_kb(registry, pii_policy="off")
+    text = ("A paragraph about tidal energy and the turbines under the bay. " * 30 + "\n\n") * 4
+    result = ingestor.submit(kb.tenant_id, kb.kb_id, text.encode(), filename="twice.txt")
+    ref = StageRef(kb.tenant_id, kb.kb_id, "twice.txt", result.content_version, Stage.PARSE)
+    for _ in range(2):  # redelivery, as after a visibility timeout
+        enqueue(sender, settings, STAGE_TASK, kwargs=ref.as_kwargs(), queue="bulk")
+    doc = wait_terminal(registry, kb, ["twice.txt"])["twice.txt"]
+    assert doc.status == DocStatus.READY
+    for stage in (Stage.CHUNK, Stage.STORE):  # late duplicates of later stages
+        late = StageRef(kb.tenant_id, kb.kb_id, "twice.txt", result.content_version, stage)
+        enqueue(sender, settings, STAGE_TASK, kwargs=late.as_kwargs(), queue="interactive")
+    time.sleep(3)
+    chunks = chunks_of(opensearch, settings, kb, "twice.txt")
+    after = registry.require_doc(kb.tenant_id, kb.kb_id, "twice.txt").doc
+    assert after.status == DocStatus.READY
+    assert after.transitions == doc.transitions
+    assert len(chunks) == doc.chunk_count > 1
+    assert sorted(c["chunk_idx"] for c in chunks) == list(range(doc.chunk_count))

@@ -1,0 +1,94 @@
+"""The reconciler: nothing accepted is lost when a worker dies or the broker forgets its queues.
+
+One worker process at a time (a Redis lease elects it) scans the registry every few seconds for
+documents in a non-terminal state whose lease expired (a worker died mid-stage, or a send never
+reached the broker) and sends their current stage again. If the broker lost its data (flushed,
+or restarted without persistence), which the missing epoch key reveals, every unfinished
+document is sent again at once. Duplicate sends are harmless: stage tasks are fenced.
+A document is never failed for waiting; after too many starts of one stage the claim logic
+fails it with RETRIES_EXHAUSTED.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from typing import Any
+
+from shared.ingest import QUEUE_LEASE, STAGE_TASK, StageRef
+from shared.models import DocStatus, Document, Stage, utcnow
+from shared.queue import enqueue
+from shared.registry import Conflict, Versioned
+from workers.context import WorkerContext
+
+log = logging.getLogger(__name__)
+
+LEADER_KEY = "ragline:reconciler:leader"
+EPOCH_KEY = "ragline:broker:epoch"
+ACTIVE = [s.value for s in DocStatus if not s.terminal and s != DocStatus.DELETING]
+PAGE = 500
+ORDER = [{"tenant_id": "asc"}, {"kb_id": "asc"}, {"doc_id": "asc"}]
+
+
+def _resend(ctx: WorkerContext, found: Versioned) -> bool:
+    doc = found.doc
+    stage = doc.stage or Stage.PARSE
+    doc.claimed_by = None
+    doc.lease_until = utcnow() + QUEUE_LEASE
+    try:
+        ctx.registry.replace_doc(found, doc)  # one reconciler wins per lease period
+    except Conflict:
+        return False
+    ref = StageRef(doc.tenant_id, doc.kb_id, doc.doc_id, doc.content_version, stage)
+    enqueue(ctx.sender, ctx.settings, STAGE_TASK, kwargs=ref.as_kwargs(), queue=doc.queue)
+    return True
+
+
+def reconcile_once(ctx: WorkerContext) -> int:
+    """Send again every unfinished document whose lease expired (all of them if the broker lost its data)."""
+    broker_lost = bool(ctx.redis.set(EPOCH_KEY, utcnow().isoformat(), nx=True))
+    filters: list[dict[str, Any]] = [{"terms": {"status": ACTIVE}}]
+    if not broker_lost:
+        filters.append({"range": {"lease_until": {"lt": utcnow().isoformat()}}})
+    ctx.client.indices.refresh(index=ctx.registry.docs)
+    sent = 0
+    after: list[Any] | None = None
+    while True:
+        hits = ctx.registry.search_docs(
+            {"bool": {"filter": filters}},
+            size=PAGE,
+            sort=ORDER,
+            search_after=after,
+        )
+        for hit in hits:
+            found = Versioned(Document.model_validate(hit["_source"]), hit["_seq_no"], hit["_primary_term"])
+            sent += _resend(ctx, found)
+        if len(hits) < PAGE:
+            break
+        after = hits[-1]["sort"]
+    if sent:
+        log.warning(
+            "reconciler: sent %d unfinished documents again%s",
+            sent,
+            " (broker data was lost)" if broker_lost else "",
+        )
+    return sent
+
+
+def _lead(ctx: WorkerContext, me: str, interval_s: float) -> bool:
+    """Take or keep the leader lease; True when this process leads."""
+    if ctx.redis.set(LEADER_KEY, me, nx=True, ex=int(interval_s * 3)):
+        return True
+    if ctx.redis.get(LEADER_KEY) == me.encode():
+        ctx.redis.expire(LEADER_KEY, int(interval_s * 3))
+        return True
+    return False
+
+
+def run_forever(ctx: WorkerContext, me: str, interval_s: float, stop: threading.Event) -> None:
+    while not stop.wait(interval_s):
+        try:
+            if _lead(ctx, me, interval_s):
+                reconcile_once(ctx)
+        except Exception:
+            log.warning("reconciler round failed", exc_info=True)
