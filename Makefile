@@ -3,7 +3,7 @@ SHELL := /bin/bash
 VENV ?= .venv
 STACK := bash deploy/local/stack.sh
 
-.PHONY: install up demo down status test lint format clean-state
+.PHONY: install up demo down status test bench bench-quick lint format clean-state
 
 install:  ## venv, Python packages, Debian packages and OpenSearch artifacts (idempotent)
 	@bash deploy/local/setup.sh
@@ -22,6 +22,12 @@ status:  ## report each local service
 
 test: install  ## ruff, mypy --strict and pytest (unit, integration, e2e) against the real stack
 	@bash deploy/local/test.sh
+
+bench: up  ## throughput, latency, quality and memory vs baselines -> bench/results/
+	@$(VENV)/bin/ragline bench
+
+bench-quick: up
+	@$(VENV)/bin/ragline bench --quick
 
 lint: install
 	@$(VENV)/bin/ruff check . && $(VENV)/bin/ruff format --check . && $(VENV)/bin/mypy

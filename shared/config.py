@@ -103,6 +103,12 @@ class CelerySettings(_Section):
     max_retries: int = Field(5, ge=0, le=50, description="Retries of a task after transient errors.")
     retry_backoff_max_s: int = Field(300, ge=1, description="Upper bound of the retry backoff.")
     worker_concurrency: int = Field(1, ge=1, le=64, description="Processes per worker.")
+    bulk_queue_depth: int = Field(
+        8,
+        ge=1,
+        le=10_000,
+        description="Bulk documents admitted to the queue at a time (fair share across lanes).",
+    )
     reconcile_interval_s: float = Field(
         15.0, ge=1, le=3600, description="How often the reconciler looks for documents to send again."
     )
@@ -208,7 +214,9 @@ class ApiSettings(_Section):
         5 << 20, ge=0, description="Single uploads up to this size go to the interactive queue."
     )
     max_queued_tasks: int = Field(
-        2000, ge=1, description="Bulk uploads get RATE_LIMITED (429) while this many tasks wait."
+        2000,
+        ge=1,
+        description="A tenant's bulk uploads get RATE_LIMITED (429) while this many of its documents wait.",
     )
     retry_after_s: int = Field(5, ge=1, le=3600, description="Retry-After sent with RATE_LIMITED.")
     allowed_hosts: list[str] = Field(

@@ -13,8 +13,10 @@ from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
 
+import redis
 from celery import Celery
 
+from shared import fairqueue
 from shared.blobs import BlobStore
 from shared.config import Settings
 from shared.errors import ErrorCode, RaglineError
@@ -61,9 +63,12 @@ class StageRef:
 class Ingestor:
     """Accepts documents into knowledge bases and starts their pipeline."""
 
-    def __init__(self, settings: Settings, registry: Registry, blobs: BlobStore, sender: Celery) -> None:
+    def __init__(
+        self, settings: Settings, registry: Registry, blobs: BlobStore, sender: Celery, broker: redis.Redis
+    ) -> None:
         self.settings = settings
         self.registry = registry
+        self.broker = broker
         self.client = registry.client
         self.blobs = blobs
         self.sender = sender
@@ -228,7 +233,10 @@ class Ingestor:
         doc = stored.doc
         ref = StageRef(doc.tenant_id, doc.kb_id, doc.doc_id, doc.content_version, Stage.PARSE)
         try:
-            enqueue(self.sender, self.settings, STAGE_TASK, kwargs=ref.as_kwargs(), queue=doc.queue)
+            if doc.queue == fairqueue.BULK_QUEUE:
+                fairqueue.push(self.broker, doc.tenant_id, doc.kb_id, STAGE_TASK, ref.as_kwargs())
+            else:
+                enqueue(self.sender, self.settings, STAGE_TASK, kwargs=ref.as_kwargs(), queue=doc.queue)
         except Exception:  # noqa: BLE001  (broker down, any error type: the reconciler re-sends)
             log.warning("enqueue failed for %s/%s; the reconciler will retry", doc.kb_id, doc.doc_id)
 

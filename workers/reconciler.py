@@ -12,7 +12,6 @@ fails it with RETRIES_EXHAUSTED.
 from __future__ import annotations
 
 import logging
-import threading
 from typing import Any
 
 from shared.ingest import QUEUE_LEASE, STAGE_TASK, StageRef
@@ -23,7 +22,6 @@ from workers.context import WorkerContext
 
 log = logging.getLogger(__name__)
 
-LEADER_KEY = "ragline:reconciler:leader"
 EPOCH_KEY = "ragline:broker:epoch"
 ACTIVE = [s.value for s in DocStatus if not s.terminal and s != DocStatus.DELETING]
 PAGE = 500
@@ -73,22 +71,3 @@ def reconcile_once(ctx: WorkerContext) -> int:
             " (broker data was lost)" if broker_lost else "",
         )
     return sent
-
-
-def _lead(ctx: WorkerContext, me: str, interval_s: float) -> bool:
-    """Take or keep the leader lease; True when this process leads."""
-    if ctx.redis.set(LEADER_KEY, me, nx=True, ex=int(interval_s * 3)):
-        return True
-    if ctx.redis.get(LEADER_KEY) == me.encode():
-        ctx.redis.expire(LEADER_KEY, int(interval_s * 3))
-        return True
-    return False
-
-
-def run_forever(ctx: WorkerContext, me: str, interval_s: float, stop: threading.Event) -> None:
-    while not stop.wait(interval_s):
-        try:
-            if _lead(ctx, me, interval_s):
-                reconcile_once(ctx)
-        except Exception:
-            log.warning("reconciler round failed", exc_info=True)

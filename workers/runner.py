@@ -21,6 +21,9 @@ from datetime import timedelta
 from typing import Any, NoReturn
 
 from celery.exceptions import SoftTimeLimitExceeded
+from opensearchpy.exceptions import ConnectionError as OpenSearchConnectionError
+from opensearchpy.exceptions import TransportError
+from redis.exceptions import RedisError
 
 from shared.errors import ErrorCode, RaglineError, TransientError
 from shared.ingest import QUEUE_LEASE, STAGE_TASK, StageRef
@@ -170,24 +173,13 @@ def run_stage(
     try:
         inputs = [(c.doc, _load_input(ctx, r, c.doc)) for r, c in items]
         results = batch_fn(ctx, inputs) if batch_fn is not None else [fn(ctx, claimed.doc, inputs[0][1])]
-    except RaglineError as error:
-        if not error.retryable:
-            for item_ref, _ in items:
-                _finish_failed(ctx, item_ref, error)
-            return
-        _retry_or_fail(ctx, items, error, retries_done)
-    except SoftTimeLimitExceeded:
-        timeout = RaglineError(f"the {ref.stage} stage ran out of time", code=ErrorCode.TIMEOUT)
+    except Exception as error:  # noqa: BLE001  (every failure is classified; none escapes untyped)
+        failure = classify(ref, error)
+        if failure.retryable:
+            _retry_or_fail(ctx, items, failure, retries_done)
         for item_ref, _ in items:
-            _finish_failed(ctx, item_ref, timeout)
+            _finish_failed(ctx, item_ref, failure)
         return
-    except Exception as error:
-        # A bug or an unexpected library failure: retried like a transient error (bounded),
-        # logged with its traceback here, and reported to the user without one.
-        log.exception("unexpected error in %s for %s/%s", ref.stage, ref.kb_id, ref.doc_id)
-        internal = TransientError(f"internal error in the {ref.stage} stage ({type(error).__name__})")
-        internal.code = ErrorCode.INTERNAL
-        _retry_or_fail(ctx, items, internal, retries_done)
     elapsed = time.perf_counter() - started
     weights = [max(1, c.doc.chunk_count) for _, c in items]
     for (item_ref, item_claim), result, weight in zip(items, results, weights, strict=True):
@@ -195,6 +187,24 @@ def run_stage(
             _finish_failed(ctx, item_ref, result)
         else:
             _advance(ctx, item_ref, item_claim, result, elapsed * weight / sum(weights))
+
+
+def classify(ref: StageRef, error: Exception) -> RaglineError:
+    """The typed failure behind an exception: transient ones retry, the rest fail the document."""
+    if isinstance(error, RaglineError):
+        return error
+    if isinstance(error, SoftTimeLimitExceeded):
+        return RaglineError(f"the {ref.stage} stage ran out of time", code=ErrorCode.TIMEOUT)
+    if isinstance(error, OpenSearchConnectionError | RedisError | OSError):
+        return TransientError(f"a backing service is unavailable ({type(error).__name__})")
+    if isinstance(error, TransportError) and error.status_code in (429, 502, 503, 504):
+        return TransientError(f"OpenSearch is overloaded ({error.status_code})")
+    # A bug or an unexpected library failure: retried (bounded), logged with its traceback here,
+    # and reported to the user without one.
+    log.exception("unexpected error in %s for %s/%s", ref.stage, ref.kb_id, ref.doc_id, exc_info=error)
+    internal = TransientError(f"internal error in the {ref.stage} stage ({type(error).__name__})")
+    internal.code = ErrorCode.INTERNAL
+    return internal
 
 
 def _retry_or_fail(

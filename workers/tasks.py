@@ -4,33 +4,44 @@ from __future__ import annotations
 
 import os
 import socket
-import threading
 from typing import Any
 
 from celery import Task, shared_task
 from celery.signals import worker_process_init, worker_ready
 
+from shared import fairqueue
 from shared.ingest import STAGE_TASK, StageRef
 from shared.models import Stage
+from workers import leader
 from workers.context import worker_context
 from workers.pipeline import BATCH_FUNCTIONS, STAGE_FUNCTIONS
-from workers.reconciler import run_forever
+from workers.reconciler import reconcile_once
 from workers.runner import Done, Retry, run_stage
 from workers.warmup import warm_up
 
 
 @worker_ready.connect
-def _start_reconciler(sender: Any = None, **_: Any) -> None:
-    """Every worker runs the reconciler loop; a Redis lease lets one of them act at a time."""
+def _start_periodic_jobs(sender: Any = None, **_: Any) -> None:
+    """Every worker runs the reconciler and the fair-queue feeder; a Redis lease picks one to act."""
     ctx = worker_context()
     me = f"{socket.gethostname()}:{os.getpid()}"
-    thread = threading.Thread(
-        target=run_forever,
-        args=(ctx, me, ctx.settings.celery.reconcile_interval_s, threading.Event()),
-        name="ragline-reconciler",
-        daemon=True,
+    celery = ctx.settings.celery
+    leader.start(
+        "ragline-reconciler",
+        ctx.redis,
+        "ragline:reconciler:leader",
+        me,
+        celery.reconcile_interval_s,
+        lambda: reconcile_once(ctx),
     )
-    thread.start()
+    leader.start(
+        "ragline-feeder",
+        ctx.redis,
+        "ragline:fair:leader",
+        me,
+        0.2,
+        lambda: fairqueue.feed(ctx.redis, ctx.sender, ctx.settings, celery.bulk_queue_depth),
+    )
 
 
 @worker_process_init.connect

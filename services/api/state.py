@@ -39,12 +39,13 @@ def build_state(settings: Settings, *, http: bool = True) -> AppState:
     client = build_client(settings.opensearch)
     registry = Registry(client, settings)
     sender = broker_client(settings)
-    ingestor = Ingestor(settings, registry, BlobStore(settings.state_dir / "blobstore"), sender)
+    broker = redis.Redis.from_url(settings.redis.url)
+    ingestor = Ingestor(settings, registry, BlobStore(settings.state_dir / "blobstore"), sender, broker)
     return AppState(
         settings=settings,
         keys=keys,
         client=client,
-        redis=redis.Redis.from_url(settings.redis.url),
+        redis=broker,
         sender=sender,
         registry=registry,
         ingestor=ingestor,

@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 from mcp.server.fastmcp.server import StreamableHTTPASGIApp
+from mcp.server.sse import SseServerTransport
 from starlette.datastructures import Headers
-from starlette.routing import Route
+from starlette.routing import Mount, Route
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from services.api.auth import KeyRing, key_from_headers
@@ -33,7 +34,21 @@ class KeyGate:
         await self.app(scope, receive, send)
 
 
-def mcp_routes(mcp: RaglineMCP, keys: KeyRing) -> list[Route]:
-    """The /mcp route; the caller must run `mcp.session_manager.run()` in its lifespan."""
+def mcp_routes(mcp: RaglineMCP, keys: KeyRing) -> list[Route | Mount]:
+    """Streamable HTTP at /mcp, and SSE (older clients) at /mcp/sse with posts to /mcp/messages/.
+
+    The caller must run `mcp.session_manager.run()` in its lifespan.
+    """
     mcp.streamable_http_app()  # creates the session manager
-    return [Route("/mcp", endpoint=KeyGate(StreamableHTTPASGIApp(mcp.session_manager), keys))]
+    sse = SseServerTransport("/mcp/messages/", security_settings=mcp.settings.transport_security)
+    server = mcp._mcp_server  # the SDK's own sse_app() runs the low-level server the same way
+
+    async def handle_sse(scope: Scope, receive: Receive, send: Send) -> None:
+        async with sse.connect_sse(scope, receive, send) as (read, write):
+            await server.run(read, write, server.create_initialization_options())
+
+    return [
+        Route("/mcp", endpoint=KeyGate(StreamableHTTPASGIApp(mcp.session_manager), keys)),
+        Route("/mcp/sse", endpoint=KeyGate(handle_sse, keys)),
+        Mount("/mcp/messages/", app=KeyGate(sse.handle_post_message, keys)),
+    ]

@@ -16,6 +16,7 @@ import anyio
 import httpx
 import pytest
 from mcp import ClientSession, StdioServerParameters
+from mcp.client.sse import sse_client
 from mcp.client.stdio import stdio_client
 from mcp.client.streamable_http import streamablehttp_client
 from mcp.types import CallToolResult
@@ -254,3 +255,17 @@ async def test_bad_arguments_are_tool_errors_and_the_session_survives(server: Se
             assert error_text(result).startswith(f"{code}: "), (tool, arguments, result.content)
         # still usable
         assert (await call(session, "list_knowledge_bases"))["knowledge_bases"]
+
+
+async def test_sse_transport_for_older_clients(server: Server) -> None:
+    headers = {"X-Api-Key": server.keys["a_read"]}
+    async with (
+        sse_client(f"{server.url}/mcp/sse", headers=headers) as (read, write),
+        ClientSession(read, write) as session,
+    ):
+        await session.initialize()
+        names = {tool.name for tool in (await session.list_tools()).tools}
+        assert names >= TOOLS
+        assert "knowledge_bases" in await call(session, "list_knowledge_bases")
+    async with httpx.AsyncClient(base_url=server.url) as client:
+        assert (await client.get("/mcp/sse")).status_code == 401

@@ -270,3 +270,24 @@ def test_documents_list_paginates_and_delete_and_reingest_work(server: Server, m
         assert all(
             h["doc_id"] != "rockets.txt" for h in _search(client, "kerosene liquid oxygen", kb_ids=[mixed_kb])
         )
+
+
+def test_health_readiness_metrics_and_openapi(server: Server, mixed_kb: str) -> None:
+    with httpx.Client(base_url=server.url, timeout=30) as client:
+        assert client.get("/healthz").json() == {"status": "ok"}
+        ready = client.get("/readyz")
+        assert ready.status_code == 200, ready.text
+        assert all(check["ok"] for check in ready.json()["checks"].values())
+        metrics = client.get("/metrics").text
+        for series in (
+            "ragline_http_request_duration_seconds_bucket",
+            'ragline_documents{status="ready"}',
+            'ragline_queue_depth{queue="bulk"}',
+            'ragline_stage_duration_seconds_count{stage="parse"}',
+        ):
+            assert series in metrics, series
+        spec = client.get("/openapi.json").json()
+        assert {"/v1/search", "/v1/kbs", "/v1/kbs/{kb_id}/documents", "/v1/batches/{batch_id}"} <= set(
+            spec["paths"]
+        )
+        assert client.get("/docs").status_code == 200

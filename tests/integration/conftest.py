@@ -53,5 +53,5 @@ def registry(opensearch: OpenSearch, settings: Settings) -> Registry:
 
 
 @pytest.fixture(scope="session")
-def ingestor(settings: Settings, registry: Registry, sender: Celery) -> Ingestor:
-    return Ingestor(settings, registry, BlobStore(settings.state_dir / "blobstore"), sender)
+def ingestor(settings: Settings, registry: Registry, sender: Celery, redis_client: redis.Redis) -> Ingestor:
+    return Ingestor(settings, registry, BlobStore(settings.state_dir / "blobstore"), sender, redis_client)

@@ -13,6 +13,7 @@ from starlette.concurrency import run_in_threadpool
 from starlette.datastructures import UploadFile
 
 from services.api.deps import Reader, State, Writer
+from shared import fairqueue
 from shared.catalog import DocumentPage, document_view
 from shared.errors import ErrorCode, RaglineError
 from shared.models import DocStatus
@@ -73,14 +74,14 @@ def _clean_name(name: str) -> str:
     return cleaned[:255] or "upload"
 
 
-def _admit_bulk(state: State) -> None:
-    """Backpressure: refuse bulk work while the bulk queue is over its bound (nothing is dropped)."""
-    waiting = int(state.redis.llen("bulk"))
+def _admit_bulk(state: State, tenant: str) -> None:
+    """Backpressure per tenant: refuse its bulk work while too much of it waits (nothing is dropped)."""
+    waiting = fairqueue.pending(state.redis, tenant)
     bound = state.settings.api.max_queued_tasks
     if waiting >= bound:
         retry = state.settings.api.retry_after_s
         raise RaglineError(
-            f"{waiting} tasks are waiting (bound {bound}); retry in {retry} s",
+            f"{waiting} of your documents are waiting (bound {bound}); retry in {retry} s",
             code=ErrorCode.RATE_LIMITED,
             details={"retry_after": retry, "queued": waiting},
         )
@@ -169,7 +170,7 @@ async def upload(kb_id: str, request: Request, state: State, who: Writer) -> Upl
         single_small = len(files) == 1 and (files[0].size or 0) <= settings.interactive_max_bytes
         queue = priority or ("interactive" if single_small else "bulk")
         if queue == "bulk":
-            await run_in_threadpool(_admit_bulk, state)
+            await run_in_threadpool(_admit_bulk, state, who.tenant)
         accepted = []
         for upload_file in files:
             name = _clean_name(upload_file.filename or "upload")

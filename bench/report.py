@@ -1,0 +1,195 @@
+"""The Markdown report and plots of a benchmark run: every figure beside its baseline and target."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt
+
+
+def _target(name: str, met: bool, value: str, goal: str) -> str:
+    return f"| {name} | {value} | {goal} | {'met' if met else 'NOT met'} |"
+
+
+def targets(r: dict[str, Any]) -> list[str]:
+    ingest, latency, quality = r["ingest"], r["latency_ms"], r["quality"]
+    reingest, memory = r["reingest"], r.get("memory", {}).get("worker", {})
+    hybrid = max(quality["hybrid_rrf"]["ndcg@10"], quality["hybrid_min_max"]["ndcg@10"])
+    best_single = max(quality["keyword"]["ndcg@10"], quality["similarity"]["ndcg@10"])
+    growth = memory.get("growth")
+    return [
+        "| target | measured | goal | |",
+        "|---|---|---|---|",
+        _target(
+            "pipeline / raw model, PII off",
+            ingest["ratio_pipeline_to_raw_pii_off"] >= 0.8,
+            f"{ingest['ratio_pipeline_to_raw_pii_off']:.2f}",
+            ">= 0.8",
+        ),
+        _target(
+            "PII on time / PII off time",
+            ingest["ratio_pii_on_to_off_time"] <= 2.0,
+            f"{ingest['ratio_pii_on_to_off_time']:.2f}",
+            "<= 2",
+        ),
+        _target(
+            "unchanged re-ingest / first ingest",
+            reingest["unchanged"]["fraction_of_first"] < 0.05,
+            f"{reingest['unchanged']['fraction_of_first']:.3f}",
+            "< 0.05",
+        ),
+        _target(
+            "REST p95 / raw p95 at concurrency 8",
+            latency["rest_over_raw_p95_c8"] <= 1.3,
+            f"{latency['rest_over_raw_p95_c8']:.2f}",
+            "<= 1.3",
+        ),
+        _target(
+            "MCP p50 - REST p50",
+            latency["mcp_minus_rest_p50_ms"] < 5,
+            f"{latency['mcp_minus_rest_p50_ms']:.1f} ms",
+            "< 5 ms",
+        ),
+        _target(
+            "hybrid nDCG@10",
+            hybrid >= 0.75 and hybrid > best_single,
+            f"{hybrid:.3f} (keyword/similarity best {best_single:.3f})",
+            ">= 0.75 and above both",
+        ),
+        _target(
+            "worker RSS last quarter / first",
+            growth is not None and abs(growth) <= 0.10,
+            f"{growth:+.1%}" if growth is not None else "n/a",
+            "within 10%",
+        ),
+    ]
+
+
+def _plot(path: Path, title: str, labels: list[str], series: dict[str, list[float]], ylabel: str) -> None:
+    fig, ax = plt.subplots(figsize=(8, 4))
+    width = 0.8 / max(1, len(series))
+    for i, (name, values) in enumerate(series.items()):
+        ax.bar([x + i * width for x in range(len(labels))], values, width, label=name)
+    ax.set_xticks([x + width * (len(series) - 1) / 2 for x in range(len(labels))], labels)
+    ax.set_ylabel(ylabel)
+    ax.set_title(title)
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path)
+    plt.close(fig)
+
+
+def write_report(r: dict[str, Any], path: Path, plots: Path) -> None:
+    stamp = r["stamp"]
+    ingest, latency, quality = r["ingest"], r["latency_ms"], r["quality"]
+    modes = list(quality)
+    _plot(
+        plots / f"{stamp}-quality.png",
+        "manbench nDCG@10: Ragline vs reference",
+        modes,
+        {
+            "Ragline": [quality[m]["ndcg@10"] for m in modes],
+            "reference": [quality[m]["reference"]["ndcg@10"] for m in modes],
+        },
+        "nDCG@10",
+    )
+    levels = ["c1", "c8", "c32"]
+    _plot(
+        plots / f"{stamp}-latency.png",
+        "hybrid search p95 latency",
+        levels,
+        {
+            "raw embed + _msearch": [latency[f"raw_{c}"]["p95"] for c in levels],
+            "REST /v1/search": [latency[f"rest_{c}"]["p95"] for c in levels],
+        },
+        "ms",
+    )
+    lines = [
+        f"# Ragline benchmark {stamp}",
+        "",
+        f"{r['cpus']} CPUs, {r['memory_gb']} GiB; corpus: {r['corpus']['documents']} manbench pages, "
+        f"{r['corpus']['queries']} judged queries; {'quick' if r['quick'] else 'full'} run, "
+        f"{r['seconds']} s.",
+        "",
+        "## Targets",
+        "",
+        *targets(r),
+        "",
+        "## Ingest (submit -> all ready, through the REST API)",
+        "",
+        "| run | docs | chunks | seconds | docs/s | chunks/s |",
+        "|---|---|---|---|---|---|",
+    ]
+    for name in ("pii_off", "pii_on"):
+        run = ingest[name]
+        lines.append(
+            f"| {name} | {run['documents']} | {run['chunks']} | {run['seconds']} | {run['docs_per_s']} | "
+            f"{run['chunks_per_s']} |"
+        )
+    raw = ingest["raw_model"]
+    lines += [
+        f"| raw model, same chunk texts, one process | | {raw['chunks']} | {raw['seconds']} | | "
+        f"{raw['chunks_per_s']} |",
+        "",
+        "Per-stage time per chunk (ms), PII off: "
+        + ", ".join(f"{k} {v}" for k, v in ingest["pii_off"]["per_stage_ms_per_chunk"].items()),
+        "",
+        "Per-stage time per chunk (ms), PII on: "
+        + ", ".join(f"{k} {v}" for k, v in ingest["pii_on"]["per_stage_ms_per_chunk"].items()),
+        "",
+        f"Worker processes: {ingest['workers']}. Scaling over 1, 2 and 4 workers is not measured yet.",
+        "",
+        "## Re-ingest",
+        "",
+        "```",
+        str(r["reingest"]),
+        "```",
+        "",
+        "## Query latency (ms)",
+        "",
+        "| path | c | p50 | p95 | p99 |",
+        "|---|---|---|---|---|",
+    ]
+    for key, value in latency.items():
+        if isinstance(value, dict):
+            path_name, concurrency = key.rsplit("_", 1)
+            lines.append(
+                f"| {path_name} | {concurrency} | {value['p50']} | {value['p95']} | {value['p99']} |"
+            )
+    lines += [
+        "",
+        f"![latency]({stamp}-latency.png)",
+        "",
+        "## Retrieval quality (manbench)",
+        "",
+        "| mode | nDCG@10 | MRR@10 | Recall@100 | reference nDCG@10 | reference MRR@10 | reference R@100 |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for mode, value in quality.items():
+        ref = value["reference"]
+        lines.append(
+            f"| {mode} | {value['ndcg@10']} | {value['mrr@10']} | {value['recall@100']} | "
+            f"{ref['ndcg@10']} | {ref['mrr@10']} | {ref['recall@100']} |"
+        )
+    lines += [
+        "",
+        f"![quality]({stamp}-quality.png)",
+        "",
+        "## Memory (MB)",
+        "",
+        "```",
+        str(r.get("memory")),
+        "```",
+        "",
+        "## Index size",
+        "",
+        "```",
+        str(r.get("index")),
+        "```",
+        "",
+    ]
+    path.write_text("\n".join(lines))

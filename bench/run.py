@@ -1,0 +1,393 @@
+"""Runs the benchmark against the local stack and writes bench/results/<stamp>.{json,md} and plots.
+
+Every figure is measured next to its baseline in the same run on the same machine:
+pipeline chunks/s against the raw model on the same chunk texts, REST search latency against
+the same embedding + `_msearch` sent straight to OpenSearch, MCP against REST, retrieval quality
+against the reference figures of the team's eval README.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import threading
+import time
+import uuid
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import psutil
+from rich.console import Console
+
+from bench.quality import evaluate, max_pool
+from services.cli.bulk import load
+from services.cli.remote import Remote
+from shared.config import REPO_ROOT, Settings
+from shared.embedding import encoder
+from shared.search.client import build_client
+from shared.search.hybrid import Searcher, SearchRequest
+from shared.search.schema import chunks_alias
+
+EVAL_SCRIPT = REPO_ROOT.parent / "shared" / "eval" / "build_manbench.py"
+REFERENCE = {  # ../shared/eval/README.md, outside Ragline: whole page truncated to 256 tokens, exact search
+    "keyword": {"ndcg@10": 0.551, "mrr@10": 0.489, "recall@100": 0.944},
+    "similarity": {"ndcg@10": 0.642, "mrr@10": 0.584, "recall@100": 0.973},
+    "hybrid_rrf": {"ndcg@10": 0.683, "mrr@10": 0.621, "recall@100": 0.991},
+    "hybrid_min_max": {"ndcg@10": 0.716, "mrr@10": 0.660, "recall@100": 0.990},
+}
+MODES: dict[str, dict[str, Any]] = {
+    "keyword": {"mode": "keyword"},
+    "similarity": {"mode": "similarity"},
+    "hybrid_rrf": {"mode": "hybrid", "fusion": "rrf"},
+    "hybrid_min_max": {"mode": "hybrid", "fusion": "min_max"},
+}
+
+
+def _pct(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return round(ordered[min(len(ordered) - 1, int(q * len(ordered)))], 2) if ordered else 0.0
+
+
+def _latency(values_ms: list[float]) -> dict[str, float]:
+    return {
+        "p50": _pct(values_ms, 0.5),
+        "p95": _pct(values_ms, 0.95),
+        "p99": _pct(values_ms, 0.99),
+        "n": len(values_ms),
+    }
+
+
+def manbench(cache: Path) -> tuple[list[dict[str, str]], dict[str, str], dict[str, set[str]]]:
+    """Corpus, queries and qrels, built once from Debian's man pages with the team's eval script."""
+    out = cache / "manbench"
+    if not (out / "qrels.tsv").is_file():
+        if not EVAL_SCRIPT.is_file():
+            raise SystemExit(f"the benchmark builder is missing: {EVAL_SCRIPT}")
+        missing = [
+            p
+            for p in ("manpages", "manpages-dev", "groff-base")
+            if subprocess.run(["dpkg", "-s", p], capture_output=True, check=False).returncode
+        ]
+        if missing:
+            subprocess.run(["apt-get", "install", "-y", "-qq", *missing], check=True, capture_output=True)
+        subprocess.run([sys.executable, str(EVAL_SCRIPT), str(out)], check=True)
+    corpus = [json.loads(line) for line in (out / "corpus.jsonl").read_text().splitlines()]
+    queries = {q["_id"]: q["text"] for q in map(json.loads, (out / "queries.jsonl").read_text().splitlines())}
+    qrels: dict[str, set[str]] = {}
+    for line in (out / "qrels.tsv").read_text().splitlines()[1:]:
+        qid, doc, _ = line.split("\t")
+        qrels.setdefault(qid, set()).add(doc)
+    return corpus, queries, qrels
+
+
+class RssSampler:
+    """Samples the resident memory of the worker and API processes once a second."""
+
+    def __init__(self, settings: Settings) -> None:
+        self.pids = {name: settings.state_dir / f"{name}.pid" for name in ("worker", "api")}
+        self.samples: dict[str, list[float]] = {"worker": [], "api": []}
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def _rss_mb(self, pidfile: Path) -> float:
+        try:
+            root = psutil.Process(int(pidfile.read_text().strip()))
+            return sum(p.memory_info().rss for p in [root, *root.children(recursive=True)]) / 2**20
+        except (OSError, ValueError, psutil.Error):
+            return 0.0
+
+    def _run(self) -> None:
+        while not self._stop.wait(1.0):
+            for name, pidfile in self.pids.items():
+                self.samples[name].append(self._rss_mb(pidfile))
+
+    def __enter__(self) -> RssSampler:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self._stop.set()
+        self._thread.join()
+
+    def summary(self) -> dict[str, Any]:
+        out: dict[str, Any] = {}
+        for name, values in self.samples.items():
+            if len(values) >= 4:
+                quarter = len(values) // 4
+                first, last = statistics.fmean(values[:quarter]), statistics.fmean(values[-quarter:])
+                out[name] = {
+                    "peak_mb": round(max(values), 1),
+                    "first_quarter_mb": round(first, 1),
+                    "last_quarter_mb": round(last, 1),
+                    "growth": round(last / first - 1, 4) if first else None,
+                }
+        return out
+
+
+class Bench:
+    def __init__(self, settings: Settings, server: str, api_key: str, quick: bool, console: Console) -> None:
+        self.settings = settings
+        self.remote = Remote(server, api_key)
+        self.quick = quick
+        self.console = console
+        self.client = build_client(settings.opensearch)
+        self.stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ")
+        self.work = settings.state_dir / "bench" / self.stamp
+        self.results: dict[str, Any] = {
+            "stamp": self.stamp,
+            "quick": quick,
+            "cpus": os.cpu_count(),
+            "memory_gb": round(psutil.virtual_memory().total / 2**30, 1),
+        }
+
+    def say(self, text: str) -> None:
+        self.console.print(f"[bold]bench[/bold] {text}")
+
+    def kb(self, name: str, pii: str) -> str:
+        kb_id = f"bench-{name}-{uuid.uuid4().hex[:6]}"
+        self.remote.post("/v1/kbs", json={"kb_id": kb_id, "name": kb_id, "settings": {"pii_policy": pii}})
+        return kb_id
+
+    def write_corpus(self, docs: list[dict[str, str]], folder: Path) -> list[tuple[Path, str]]:
+        folder.mkdir(parents=True, exist_ok=True)
+        files = []
+        for doc in docs:
+            path = folder / f"{doc['_id']}.txt"
+            path.write_text(f"{doc['title']}\n\n{doc['text']}\n")
+            files.append((path, doc["_id"]))
+        return files
+
+    def ingest(self, kb: str, files: list[tuple[Path, str]]) -> dict[str, Any]:
+        report = load(
+            self.remote, kb, files, metadata={}, concurrency=4, wait=True, console=Console(quiet=True)
+        )
+        chunks = int(self.remote.get(f"/v1/kbs/{kb}")["chunk_count"])
+        return {
+            "documents": len(files),
+            "seconds": round(report.seconds, 2),
+            "chunks": chunks,
+            "docs_per_s": round(len(files) / report.seconds, 2),
+            "chunks_per_s": round(chunks / report.seconds, 2),
+            "outcomes": dict(report.outcomes),
+            "statuses": dict(report.statuses),
+        }
+
+    def documents(self, kb: str) -> list[dict[str, Any]]:
+        docs, cursor = [], None
+        while True:
+            page = self.remote.get(
+                f"/v1/kbs/{kb}/documents", params={"limit": 1000, **({"cursor": cursor} if cursor else {})}
+            )
+            docs += page["documents"]
+            cursor = page["next_cursor"]
+            if not cursor:
+                return docs
+
+    def chunk_texts(self, kb: str) -> list[str]:
+        texts = []
+        response = self.client.search(
+            index=chunks_alias(self.settings),
+            scroll="2m",
+            body={"size": 1000, "query": {"term": {"kb_id": kb}}, "_source": ["text", "context"]},
+        )
+        while hits := response["hits"]["hits"]:
+            texts += [
+                f"{h['_source']['context']}\n{h['_source']['text']}"
+                if h["_source"].get("context")
+                else h["_source"]["text"]
+                for h in hits
+            ]
+            response = self.client.scroll(scroll_id=response["_scroll_id"], scroll="2m")
+        return texts
+
+    def raw_model(self, texts: list[str]) -> dict[str, float]:
+        model = encoder(self.settings.embedding)
+        model.encode(texts[:32])
+        started = time.perf_counter()
+        model.encode(texts)
+        seconds = time.perf_counter() - started
+        return {
+            "chunks": len(texts),
+            "seconds": round(seconds, 2),
+            "chunks_per_s": round(len(texts) / seconds, 2),
+        }
+
+    def stage_costs(self, kb: str, chunks: int) -> dict[str, float]:
+        totals: dict[str, float] = {}
+        for doc in self.documents(kb):
+            for stage, seconds in doc["timings"].items():
+                totals[stage] = totals.get(stage, 0.0) + seconds
+        return {stage: round(1000 * total / max(chunks, 1), 2) for stage, total in totals.items()}
+
+    def timed(self, concurrency: int, calls: list[Callable[[], object]]) -> list[float]:
+        def one(call: Callable[[], object]) -> float:
+            started = time.perf_counter()
+            call()
+            return (time.perf_counter() - started) * 1000
+
+        with ThreadPoolExecutor(max_workers=concurrency) as pool:
+            return list(pool.map(one, calls))
+
+    # the parts of the run
+
+    def ingest_figures(self, docs: list[dict[str, str]]) -> tuple[str, list[tuple[Path, str]]]:
+        files = self.write_corpus(docs, self.work / "corpus")
+        self.say(f"ingest, PII off: {len(files)} documents")
+        kb_off = self.kb("off", "off")
+        with RssSampler(self.settings) as rss:
+            off = self.ingest(kb_off, files)
+        texts = self.chunk_texts(kb_off)
+        self.say(f"raw model on the same {len(texts)} chunk texts")
+        raw = self.raw_model(texts)
+        off["per_stage_ms_per_chunk"] = self.stage_costs(kb_off, off["chunks"])
+        self.say("ingest, PII on (redact)")
+        kb_on = self.kb("on", "redact")
+        on = self.ingest(kb_on, files)
+        on["per_stage_ms_per_chunk"] = self.stage_costs(kb_on, on["chunks"])
+        self.results["ingest"] = {
+            "pii_off": off,
+            "pii_on": on,
+            "raw_model": raw,
+            "ratio_pipeline_to_raw_pii_off": round(off["chunks_per_s"] / raw["chunks_per_s"], 3),
+            "ratio_pii_on_to_off_time": round(on["seconds"] / off["seconds"], 3),
+            "workers": int(self.settings.celery.worker_concurrency),
+        }
+        self.results["memory"] = rss.summary()
+        self.results["index"] = self.index_size(off["chunks"])
+        return kb_off, files
+
+    def index_size(self, chunks: int) -> dict[str, Any]:
+        stats = self.client.indices.stats(index=chunks_alias(self.settings), metric="store,docs")
+        total = stats["_all"]["primaries"]
+        count = max(1, int(total["docs"]["count"]))
+        size = int(total["store"]["size_in_bytes"])
+        return {"chunks_in_index": count, "bytes": size, "bytes_per_1000_chunks": round(size / count * 1000)}
+
+    def reingest_figures(self, kb: str, files: list[tuple[Path, str]]) -> None:
+        first = self.results["ingest"]["pii_off"]["seconds"]
+        self.say("re-ingest, unchanged")
+        unchanged = self.ingest(kb, files)
+        edited = files[::10]
+        for path, _ in edited:
+            path.write_text(path.read_text() + "\nEdited for the re-ingest benchmark.\n")
+        self.say(f"re-ingest, {len(edited)} of {len(files)} edited")
+        changed = self.ingest(kb, files)
+        embed = [
+            d.get("stats", {}).get("embed", {})
+            for d in self.documents(kb)
+            if d["doc_id"] in {e[1] for e in edited}
+        ]
+        self.results["reingest"] = {
+            "unchanged": unchanged | {"fraction_of_first": round(unchanged["seconds"] / first, 4)},
+            "edited": changed
+            | {
+                "edited_documents": len(edited),
+                "fraction_of_first": round(changed["seconds"] / first, 4),
+                "chunks_embedded": sum(e.get("embedded", 0) for e in embed),
+                "chunks_from_cache": sum(e.get("cached", 0) for e in embed),
+            },
+        }
+
+    def latency_figures(self, kb: str, queries: list[str], server: str, api_key: str) -> None:
+        searcher = Searcher(self.client, self.settings)
+
+        def raw(query: str) -> Callable[[], object]:
+            request = SearchRequest(query=query, kb_ids=[kb])
+
+            def call() -> object:
+                vector = [float(x) for x in encoder(self.settings.embedding).encode([query])[0]]
+                bodies = searcher.arm_bodies(request, [{"term": {"kb_id": kb}}])
+                bodies["semantic"]["query"]["knn"]["embedding"]["vector"] = vector
+                lines: list[dict[str, Any]] = []
+                for body in bodies.values():
+                    lines += [{"index": searcher.index}, body]
+                return self.client.msearch(body=lines)
+
+            return call
+
+        def rest(query: str) -> Callable[[], object]:
+            return lambda: self.remote.post("/v1/search", json={"query": query, "kb_ids": [kb]})
+
+        figures: dict[str, Any] = {}
+        for concurrency in (1, 8, 32):
+            self.say(f"query latency at concurrency {concurrency}")
+            figures[f"raw_c{concurrency}"] = _latency(self.timed(concurrency, [raw(q) for q in queries]))
+            figures[f"rest_c{concurrency}"] = _latency(self.timed(concurrency, [rest(q) for q in queries]))
+        figures["mcp_c1"] = _latency(asyncio_run_mcp(server, api_key, kb, queries))
+        figures["rest_over_raw_p95_c8"] = round(
+            figures["rest_c8"]["p95"] / max(figures["raw_c8"]["p95"], 1e-6), 3
+        )
+        figures["mcp_minus_rest_p50_ms"] = round(figures["mcp_c1"]["p50"] - figures["rest_c1"]["p50"], 2)
+        self.results["latency_ms"] = figures
+
+    def quality_figures(self, kb: str, queries: dict[str, str], qrels: dict[str, set[str]]) -> None:
+        figures: dict[str, Any] = {}
+        for name, params in MODES.items():
+            self.say(f"quality, {name}, {len(queries)} queries")
+            runs: dict[str, list[str]] = {}
+            for qid, text in queries.items():
+                body = self.remote.post(
+                    "/v1/search", json={"query": text, "kb_ids": [kb], "top_k": 100, **params}
+                )
+                runs[qid] = max_pool(h["doc_id"] for h in body["results"])
+            figures[name] = evaluate(runs, qrels) | {"reference": REFERENCE[name]}
+        self.results["quality"] = figures
+
+
+def asyncio_run_mcp(server: str, api_key: str, kb: str, queries: list[str]) -> list[float]:
+    """Sequential MCP `search` calls over streamable HTTP; milliseconds per call."""
+    import asyncio
+
+    from mcp import ClientSession
+    from mcp.client.streamable_http import streamablehttp_client
+
+    async def go() -> list[float]:
+        out = []
+        headers = {"Authorization": f"Bearer {api_key}"}
+        async with (
+            streamablehttp_client(f"{server}/mcp", headers=headers) as (read, write, _),
+            ClientSession(read, write) as session,
+        ):
+            await session.initialize()
+            for query in queries:
+                started = time.perf_counter()
+                await session.call_tool("search", {"query": query, "kb_ids": [kb]})
+                out.append((time.perf_counter() - started) * 1000)
+        return out
+
+    return asyncio.run(go())
+
+
+def main(settings: Settings, server: str, api_key: str, quick: bool) -> Path:
+    console = Console()
+    bench = Bench(settings, server, api_key, quick, console)
+    started = time.monotonic()
+    corpus, queries, qrels = manbench(Path.home() / ".cache" / "ragline")
+    docs = corpus[:250] if quick else corpus
+    included = {d["_id"] for d in docs}
+    judged = {q: rel & included for q, rel in qrels.items() if rel & included}
+    query_texts = {q: queries[q] for q in sorted(judged)}
+    bench.results["corpus"] = {"documents": len(docs), "queries": len(query_texts), "source": "manbench"}
+    kb, files = bench.ingest_figures(docs)
+    bench.reingest_figures(kb, files)
+    sample = list(query_texts.values())[: 60 if quick else 300]
+    bench.latency_figures(kb, sample, server, api_key)
+    bench.quality_figures(kb, query_texts, judged)
+    bench.results["seconds"] = round(time.monotonic() - started, 1)
+    out = REPO_ROOT / "bench" / "results"
+    out.mkdir(parents=True, exist_ok=True)
+    path = out / f"{bench.stamp}.json"
+    path.write_text(json.dumps(bench.results, indent=2))
+    from bench.report import write_report
+
+    write_report(bench.results, out / f"{bench.stamp}.md", out)
+    shutil.rmtree(bench.work, ignore_errors=True)
+    console.print(f"bench: wrote {path} and {path.with_suffix('.md')}")
+    return path

@@ -1,0 +1,80 @@
+"""Fair admission of bulk work: one lane per (tenant, kb), served round-robin into the bulk queue.
+
+Bulk documents wait in their lane (a Redis list) instead of the Celery queue. A feeder moves the
+first stage of one document per lane in turn into the `bulk` queue, keeping that queue short, so
+a tenant's giant load and another tenant's ten files advance side by side. Later stages go
+straight to the queue: they are bounded by the documents already admitted.
+"""
+
+from __future__ import annotations
+
+import json
+
+import redis
+from celery import Celery
+
+from shared.config import Settings
+from shared.queue import enqueue
+
+LANES = "ragline:fair:lanes"  # set of lane keys with waiting work
+PENDING = "ragline:fair:pending"  # hash: tenant -> documents waiting in its lanes
+CURSOR = "ragline:fair:cursor"
+BULK_QUEUE = "bulk"
+
+# Pop one item; drop the lane from the set when it ran dry (atomic, so a concurrent push is never lost).
+_POP = """
+local item = redis.call('LPOP', KEYS[1])
+if not item then
+  redis.call('SREM', KEYS[2], KEYS[1])
+  return false
+end
+if redis.call('LLEN', KEYS[1]) == 0 then redis.call('SREM', KEYS[2], KEYS[1]) end
+redis.call('HINCRBY', KEYS[3], ARGV[1], -1)
+return item
+"""
+
+
+def lane(tenant_id: str, kb_id: str) -> str:
+    return f"ragline:fair:lane:{tenant_id}/{kb_id}"
+
+
+def push(client: redis.Redis, tenant_id: str, kb_id: str, task_name: str, kwargs: dict[str, object]) -> None:
+    key = lane(tenant_id, kb_id)
+    pipe = client.pipeline(transaction=True)
+    pipe.rpush(key, json.dumps({"task": task_name, "kwargs": kwargs, "tenant": tenant_id}))
+    pipe.sadd(LANES, key)
+    pipe.hincrby(PENDING, tenant_id, 1)
+    pipe.execute()
+
+
+def pending(client: redis.Redis, tenant_id: str) -> int:
+    value = client.hget(PENDING, tenant_id)
+    return int(value) if value else 0
+
+
+def feed(client: redis.Redis, sender: Celery, settings: Settings, depth: int) -> int:
+    """Top the bulk queue up to `depth` tasks, one document per lane in turn; returns how many moved."""
+    room = depth - int(client.llen(BULK_QUEUE))
+    moved = 0
+    pop = client.register_script(_POP)
+    while room > 0:
+        lanes = sorted(k.decode() for k in client.smembers(LANES))  # type: ignore[union-attr]
+        if not lanes:
+            break
+        start = int(client.incr(CURSOR)) % len(lanes)
+        progressed = False
+        for key in lanes[start:] + lanes[:start]:
+            if room <= 0:
+                break
+            tenant = key.removeprefix("ragline:fair:lane:").split("/", 1)[0]
+            raw = pop(keys=[key, LANES, PENDING], args=[tenant])
+            if raw is None:
+                continue
+            item = json.loads(raw)
+            enqueue(sender, settings, item["task"], kwargs=item["kwargs"], queue=BULK_QUEUE)
+            moved += 1
+            room -= 1
+            progressed = True
+        if not progressed:
+            break
+    return moved
