@@ -7,7 +7,7 @@ from typing import Any
 from shared.errors import RaglineError
 from shared.models import Document, Stage
 from workers.context import WorkerContext
-from workers.runner import BatchFn, StageFn, StageResult
+from workers.runner import BATCHED_STAGES, BatchFn, StageFn, StageResult
 from workers.stages import chunk, embed, enrich, parse, pii, store
 
 
@@ -23,6 +23,7 @@ def _single(batch: BatchFn) -> StageFn:
 
 # Embedding batches documents together: many small documents must not mean batches of one.
 BATCH_FUNCTIONS: dict[Stage, BatchFn] = {Stage.EMBED: embed.run_batch}
+assert set(BATCH_FUNCTIONS) == BATCHED_STAGES, "the runner announces arrivals at exactly these stages"
 
 STAGE_FUNCTIONS: dict[Stage, StageFn] = {
     Stage.PARSE: parse.run,

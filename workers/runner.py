@@ -10,6 +10,7 @@ or claimed under a live lease, and does nothing. Stage outputs are artifacts key
 from __future__ import annotations
 
 import contextlib
+import json
 import logging
 import os
 import random
@@ -29,7 +30,7 @@ from shared.errors import ErrorCode, RaglineError, TransientError
 from shared.ingest import QUEUE_LEASE, STAGE_TASK, StageRef
 from shared.models import PIPELINE, STAGE_STATUS, DocStatus, Document, ErrorInfo, Stage, utcnow
 from shared.queue import enqueue
-from shared.registry import Conflict, Versioned, doc_key
+from shared.registry import Conflict, Versioned
 from shared.stage_metrics import record_stage
 from workers.context import WorkerContext
 
@@ -38,6 +39,7 @@ log = logging.getLogger(__name__)
 # Longer than the slowest stage (parse time limit + margin); the reconciler takes over after it.
 STAGE_LEASE = timedelta(minutes=5)
 PEER_DOCS = 31  # documents taken along by a batched stage, besides its own
+BATCHED_STAGES = frozenset({Stage.EMBED})
 MAX_TRANSITIONS = 64
 WORKER_ID = f"{socket.gethostname()}:{os.getpid()}"
 
@@ -67,6 +69,15 @@ class Retry(Exception):
     def __init__(self, countdown: float) -> None:
         super().__init__(f"retry in {countdown:.1f}s")
         self.countdown = countdown
+
+
+def _ref_fields(ref: StageRef) -> dict[str, Any]:
+    return {
+        "tenant_id": ref.tenant_id,
+        "kb_id": ref.kb_id,
+        "doc_id": ref.doc_id,
+        "content_version": ref.content_version,
+    }
 
 
 def artifact_key(ref: StageRef, stage: Stage) -> str:
@@ -224,25 +235,23 @@ def _retry_or_fail(
     raise Retry(backoff(retries_done + 1, celery.retry_backoff_max_s))
 
 
+def waiting_key(stage: Stage) -> str:
+    return f"ragline:waiting:{stage.value}"
+
+
 def _claim_peers(ctx: WorkerContext, ref: StageRef, attempt_limit: int) -> list[tuple[StageRef, Versioned]]:
-    """Claim other unclaimed documents waiting at this stage, up to the batch limit."""
-    status = STAGE_STATUS[ref.stage]
-    query = {
-        "bool": {
-            "filter": [{"term": {"status": status.value}}],
-            "must_not": [
-                {"exists": {"field": "claimed_by"}},
-                {"ids": {"values": [doc_key(ref.tenant_id, ref.kb_id, ref.doc_id)]}},
-            ],
-        }
-    }
-    hits = ctx.registry.search_docs(query, size=PEER_DOCS, sort=[{"updated_at": "asc"}])
+    """Claim other documents waiting at this stage (announced in Redis on arrival), up to the limit.
+
+    Redis is read at once, unlike the registry's search side; a lost announcement only means a
+    smaller batch, since every document's own task still comes.
+    """
     peers = []
-    for hit in hits:
-        source = hit["_source"]
-        peer_ref = StageRef(
-            source["tenant_id"], source["kb_id"], source["doc_id"], source["content_version"], ref.stage
-        )
+    popped = ctx.redis.spop(waiting_key(ref.stage), PEER_DOCS)
+    announced: list[bytes] = popped if isinstance(popped, list) else []
+    for raw in announced:
+        peer_ref = StageRef(**{**json.loads(raw), "stage": ref.stage})
+        if (peer_ref.tenant_id, peer_ref.kb_id, peer_ref.doc_id) == (ref.tenant_id, ref.kb_id, ref.doc_id):
+            continue
         peer = _claim(ctx, peer_ref, attempt_limit)
         if peer is not None:
             peers.append((peer_ref, peer))
@@ -309,7 +318,11 @@ def _advance(
     if nxt is None:
         ctx.blobs.drop_artifacts(artifact_key(ref, stage) for stage in PIPELINE)
         return
-    _send(ctx, StageRef(ref.tenant_id, ref.kb_id, ref.doc_id, ref.content_version, nxt), doc.queue)
+    next_ref = StageRef(ref.tenant_id, ref.kb_id, ref.doc_id, ref.content_version, nxt)
+    if nxt in BATCHED_STAGES:
+        with contextlib.suppress(RedisError):  # only an optimisation: the task below still runs
+            ctx.redis.sadd(waiting_key(nxt), json.dumps(next_ref.as_kwargs()))
+    _send(ctx, next_ref, doc.queue)
 
 
 def _send(ctx: WorkerContext, ref: StageRef, queue: str) -> None:

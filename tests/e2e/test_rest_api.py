@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import time
 import uuid
 from typing import Any
 
@@ -60,7 +61,12 @@ def mixed_kb(server: Server) -> str:
         assert client.post(f"/v1/kbs/{kb}/documents", files=needles).status_code == 202
         docs = wait_ready(client, kb, [*MIXED, *NEEDLES])
         assert {d: v["status"] for d, v in docs.items()} == dict.fromkeys([*MIXED, *NEEDLES], "ready")
-        batch = client.get(f"/v1/batches/{body['batch_id']}").json()
+        # The batch view reads the registry's search side, refreshed each second: poll like a user.
+        for _ in range(40):
+            batch = client.get(f"/v1/batches/{body['batch_id']}").json()
+            if batch["done"]:
+                break
+            time.sleep(0.25)
         assert batch["total"] == len(MIXED)
         assert batch["done"] is True
         assert batch["counts"] == {"ready": len(MIXED)}

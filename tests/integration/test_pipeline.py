@@ -285,6 +285,9 @@ def test_many_small_documents_share_embedding_batches(registry: Registry, ingest
             kb.kb_id,
             f"Memo {i}: the shipment {i * 13} left the dock.\n".encode(),
             filename=name,
+            # Straight to a queue, all at once: this tests the embed stage's batching itself.
+            # Bulk admission through the fair lanes keeps fewer documents in flight (see README).
+            queue="interactive",
         )
     docs = wait_terminal(registry, kb, names)
     assert all(doc.status == DocStatus.READY for doc in docs.values())
