@@ -6,10 +6,12 @@ import os
 import socket
 from typing import Any
 
+import redis
 from celery import Task, shared_task
 from celery.signals import worker_process_init, worker_ready
 
 from shared import fairqueue
+from shared.config import get_settings
 from shared.ingest import STAGE_TASK, StageRef
 from shared.models import Stage
 from workers import leader
@@ -22,26 +24,27 @@ from workers.warmup import warm_up
 
 @worker_ready.connect
 def _start_periodic_jobs(sender: Any = None, **_: Any) -> None:
-    """Every worker runs the reconciler and the fair-queue feeder; a Redis lease picks one to act."""
-    ctx = worker_context()
+    """Every worker runs the reconciler and the fair-queue feeder; a Redis lease picks one to act.
+
+    The jobs build their context on first use, so a worker that starts before OpenSearch still
+    gets them (a round only fails and retries).
+    """
+    settings = get_settings()
+    broker = redis.Redis.from_url(settings.redis.url)
     me = f"{socket.gethostname()}:{os.getpid()}"
-    celery = ctx.settings.celery
+    celery = settings.celery
+
+    def reconcile() -> object:
+        return reconcile_once(worker_context())
+
+    def feed() -> object:
+        ctx = worker_context()
+        return fairqueue.feed(ctx.redis, ctx.sender, ctx.settings, celery.bulk_queue_depth)
+
     leader.start(
-        "ragline-reconciler",
-        ctx.redis,
-        "ragline:reconciler:leader",
-        me,
-        celery.reconcile_interval_s,
-        lambda: reconcile_once(ctx),
+        "ragline-reconciler", broker, "ragline:reconciler:leader", me, celery.reconcile_interval_s, reconcile
     )
-    leader.start(
-        "ragline-feeder",
-        ctx.redis,
-        "ragline:fair:leader",
-        me,
-        0.2,
-        lambda: fairqueue.feed(ctx.redis, ctx.sender, ctx.settings, celery.bulk_queue_depth),
-    )
+    leader.start("ragline-feeder", broker, "ragline:fair:leader", me, 0.2, feed)
 
 
 @worker_process_init.connect
