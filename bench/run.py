@@ -372,21 +372,28 @@ def main(settings: Settings, server: str, api_key: str, quick: bool) -> Path:
     bench = Bench(settings, server, api_key, quick, console)
     started = time.monotonic()
     corpus, queries, qrels = manbench(Path.home() / ".cache" / "ragline")
-    docs = corpus[:250] if quick else corpus
+    docs = corpus[:100] if quick else corpus
     included = {d["_id"] for d in docs}
     judged = {q: rel & included for q, rel in qrels.items() if rel & included}
     query_texts = {q: queries[q] for q in sorted(judged)}
     bench.results["corpus"] = {"documents": len(docs), "queries": len(query_texts), "source": "manbench"}
-    kb, files = bench.ingest_figures(docs)
-    bench.reingest_figures(kb, files)
-    sample = list(query_texts.values())[: 60 if quick else 300]
-    bench.latency_figures(kb, sample, server, api_key)
-    bench.quality_figures(kb, query_texts, judged)
-    bench.results["seconds"] = round(time.monotonic() - started, 1)
     out = REPO_ROOT / "bench" / "results"
     out.mkdir(parents=True, exist_ok=True)
     path = out / f"{bench.stamp}.json"
-    path.write_text(json.dumps(bench.results, indent=2))
+
+    def save() -> None:  # after every phase, so a run cut short still leaves its figures
+        bench.results["seconds"] = round(time.monotonic() - started, 1)
+        path.write_text(json.dumps(bench.results, indent=2))
+
+    kb, files = bench.ingest_figures(docs)
+    save()
+    bench.reingest_figures(kb, files)
+    save()
+    sample = list(query_texts.values())[: 40 if quick else 300]
+    bench.latency_figures(kb, sample, server, api_key)
+    save()
+    bench.quality_figures(kb, query_texts, judged)
+    save()
     from bench.report import write_report
 
     write_report(bench.results, out / f"{bench.stamp}.md", out)

@@ -137,7 +137,7 @@ def mcp() -> None:
 
 @app.command()
 def bench(
-    quick: Annotated[bool, typer.Option("--quick", help="250 pages, fewer queries (minutes).")] = False,
+    quick: Annotated[bool, typer.Option("--quick", help="100 pages, fewer queries.")] = False,
 ) -> None:
     """Measure ingest throughput, query latency, retrieval quality and memory against their baselines."""
     from bench.run import main as run_bench
