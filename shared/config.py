@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from pydantic import (
+    AwareDatetime,
     BaseModel,
     Field,
     SecretStr,
@@ -183,6 +184,10 @@ class ApiKey(_Section):
     tenant: str = Field(pattern=r"^[a-z0-9][a-z0-9_-]{0,62}$", description="Tenant the key acts for.")
     role: Literal["read", "write", "admin"] = Field("read", description="read < write < admin.")
     name: str = Field("", description="A label for logs; never the key itself.")
+    expires_at: AwareDatetime | None = Field(
+        None, description="Refused from this instant on (ISO 8601 with a time zone); unset: never expires."
+    )
+    revoked: bool = Field(False, description="Refused while true; kept in the file as a record.")
 
     @field_validator("key")
     @classmethod
@@ -236,6 +241,14 @@ class SearchSettings(_Section):
     query_cache_size: int = Field(1024, ge=0, le=100_000, description="Query embeddings kept per process.")
 
 
+class MetricsSettings(_Section):
+    """Where a worker serves its Prometheus metrics (the API serves them at /metrics)."""
+
+    worker_host: str = Field("127.0.0.1", description="Bind address of a worker's metrics endpoint.")
+    # Off by default: several workers on one host would fight over any fixed port.
+    worker_port: int = Field(0, ge=0, le=65535, description="Port of a worker's /metrics; 0 disables it.")
+
+
 class Settings(BaseSettings):
     """All of Ragline's configuration."""
 
@@ -258,6 +271,10 @@ class Settings(BaseSettings):
     log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = Field(
         "INFO", description="Log level of every Ragline process."
     )
+    log_format: Literal["json", "text"] = Field(
+        "json",
+        description="Log lines of the API and workers: one JSON object per event, or plain text.",
+    )
     opensearch: OpenSearchSettings = Field(default_factory=OpenSearchSettings)
     redis: RedisSettings = Field(default_factory=RedisSettings)
     celery: CelerySettings = Field(default_factory=CelerySettings)
@@ -267,6 +284,7 @@ class Settings(BaseSettings):
     auth: AuthSettings = Field(default_factory=AuthSettings)
     api: ApiSettings = Field(default_factory=ApiSettings)
     search: SearchSettings = Field(default_factory=SearchSettings)
+    metrics: MetricsSettings = Field(default_factory=MetricsSettings)
 
     @classmethod
     def settings_customise_sources(
@@ -297,12 +315,17 @@ def env_name(location: tuple[int | str, ...]) -> str:
     return ENV_PREFIX + ENV_NESTED_DELIMITER.join(parts).upper()
 
 
+# A bad value of these is never echoed: the message may reach a terminal or a log.
+_SECRET_FIELDS = {"api_keys", "key", "password", "hash_secret"}
+
+
 def describe_validation_error(error: ValidationError) -> str:
     """One line per bad setting: its variable, the value given and what is allowed."""
     lines = ["invalid configuration:"]
     for item in error.errors():
         given = item.get("input")
-        shown = "" if isinstance(given, dict) else f" (got {given!r})"
+        secret = any(str(part) in _SECRET_FIELDS for part in item["loc"])
+        shown = "" if isinstance(given, dict) or secret else f" (got {given!r})"
         lines.append(f"  {env_name(tuple(item['loc']))}: {item['msg']}{shown}")
     return "\n".join(lines)
 

@@ -1,7 +1,8 @@
 """API keys: each maps to a tenant and a role. Requests without a valid key fail closed.
 
 Keys come from settings and from an optional JSON keys file, re-read when it changes, so a key
-can be added or revoked without a restart.
+can be added, revoked or given an expiry without a restart. A key's secret is never logged nor
+kept in memory: only its SHA-256 digest is.
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ import hmac
 import json
 import threading
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from enum import IntEnum
 from pathlib import Path
 
@@ -33,11 +35,26 @@ class Principal:
     name: str
 
 
+@dataclass(frozen=True)
+class _Entry:
+    digest: bytes
+    principal: Principal
+    expires_at: datetime | None
+    revoked: bool
+
+
 _KEYS = TypeAdapter(list[ApiKey])
 
 
 def _digest(secret: str) -> bytes:
     return hashlib.sha256(secret.encode()).digest()
+
+
+def _problem(error: Exception) -> str:
+    """What is wrong with the keys file, by position and field; never a value, which may be a key."""
+    if isinstance(error, ValidationError):
+        return "; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in error.errors()[:5])
+    return type(error).__name__
 
 
 class KeyRing:
@@ -58,35 +75,39 @@ class KeyRing:
         )
         self._static = [self._entry(k) for k in settings.api_keys]
         self._file = settings.keys_file
-        self._file_stamp: tuple[float, int] | None = None
-        self._file_keys: list[tuple[bytes, Principal]] = []
+        self._file_text: bytes | None = None
+        self._file_keys: list[_Entry] = []
         self._lock = threading.Lock()
         if self._file is not None:
             self._reload(strict=True)
 
     @staticmethod
-    def _entry(key: ApiKey) -> tuple[bytes, Principal]:
-        return _digest(key.key.get_secret_value()), Principal(key.tenant, Role[key.role.upper()], key.name)
+    def _entry(key: ApiKey) -> _Entry:
+        return _Entry(
+            digest=_digest(key.key.get_secret_value()),
+            principal=Principal(key.tenant, Role[key.role.upper()], key.name),
+            expires_at=key.expires_at,
+            revoked=key.revoked,
+        )
 
     def _reload(self, strict: bool = False) -> None:
         path = Path(self._file) if self._file else None
         if path is None:
             return
         try:
-            stat = path.stat()
-            stamp = (stat.st_mtime, stat.st_size)
-            if stamp == self._file_stamp:
+            # Compare the bytes, not the mtime: two edits within one clock tick share an mtime,
+            # and a revocation must never be missed. The file is small; reading it is cheap.
+            text = path.read_bytes()
+            if text == self._file_text:
                 return
-            keys = _KEYS.validate_python(json.loads(path.read_text()))
+            keys = _KEYS.validate_python(json.loads(text))
         except (OSError, ValueError, ValidationError) as error:
             if strict:
-                raise ConfigError(
-                    f"RAGLINE_AUTH__KEYS_FILE: cannot read {path}: {type(error).__name__}"
-                ) from None
+                raise ConfigError(f"RAGLINE_AUTH__KEYS_FILE: cannot read {path}: {_problem(error)}") from None
             return  # keep the last good keys; a half-written file must not lock everyone out
         with self._lock:
             self._file_keys = [self._entry(k) for k in keys]
-            self._file_stamp = stamp
+            self._file_text = text
 
     def principal(self, presented: str | None) -> Principal:
         """The principal of a key, or AUTH_ERROR; the anonymous principal when keys are off."""
@@ -101,12 +122,16 @@ class KeyRing:
         match = None
         with self._lock:
             entries = [*self._static, *self._file_keys]
-        for known, principal in entries:
-            if hmac.compare_digest(known, digest):
-                match = principal
+        for entry in entries:
+            if hmac.compare_digest(entry.digest, digest):
+                match = entry
         if match is None:
             raise RaglineError("the API key is not valid", code=ErrorCode.AUTH_ERROR)
-        return match
+        if match.revoked:
+            raise RaglineError("the API key was revoked", code=ErrorCode.AUTH_ERROR)
+        if match.expires_at is not None and datetime.now(UTC) >= match.expires_at:
+            raise RaglineError("the API key has expired", code=ErrorCode.AUTH_ERROR)
+        return match.principal
 
 
 def require(principal: Principal, role: Role) -> None:
