@@ -36,6 +36,29 @@ class InlineDocument(BaseModel):
     batch_id: str | None = Field(None, min_length=1, max_length=100)
 
 
+# The route reads the body itself (JSON or a streamed multipart form), so FastAPI cannot infer it:
+# describe both shapes for /docs, clients and the schema-driven fuzzer.
+_UPLOAD_BODY = {
+    "required": True,
+    "content": {
+        "application/json": {"schema": InlineDocument.model_json_schema()},
+        "multipart/form-data": {
+            "schema": {
+                "type": "object",
+                "required": ["files"],
+                "properties": {
+                    "files": {"type": "array", "items": {"type": "string", "format": "binary"}},
+                    "doc_id": {"type": "string", "description": "Only with a single file."},
+                    "metadata": {"type": "string", "description": "A JSON object."},
+                    "batch_id": {"type": "string"},
+                    "priority": {"type": "string", "enum": ["interactive", "bulk"]},
+                },
+            }
+        },
+    },
+}
+
+
 class Accepted(BaseModel):
     doc_id: str
     outcome: str
@@ -92,7 +115,7 @@ def _field(form: Any, name: str) -> str | None:
     return value if isinstance(value, str) and value != "" else None
 
 
-@router.post("", status_code=202, response_model=UploadResponse)
+@router.post("", status_code=202, response_model=UploadResponse, openapi_extra={"requestBody": _UPLOAD_BODY})
 async def upload(kb_id: str, request: Request, state: State, who: Writer) -> UploadResponse:
     """Accept one or more files (multipart field `files`) or inline `content` (JSON)."""
     settings = state.settings.api
