@@ -113,6 +113,12 @@ class CelerySettings(_Section):
     reconcile_interval_s: float = Field(
         15.0, ge=1, le=3600, description="How often the reconciler looks for documents to send again."
     )
+    stage_lease_s: float = Field(
+        60.0,
+        ge=3,
+        le=3600,
+        description="Lease of a running stage, renewed by a heartbeat; a worker silent this long is stuck.",
+    )
     queues: list[str] = Field(
         default_factory=lambda: ["interactive", "bulk"],
         min_length=1,

@@ -83,6 +83,14 @@ class TransientError(RaglineError):
     retryable = True
 
 
+class OutageError(TransientError):
+    """A backing service (OpenSearch, Redis) is down or overloaded: wait it out, however long.
+
+    Unlike other transient failures it never uses up a document's retries: nothing is wrong with
+    the document, and failing it would turn an operator's restart into lost work.
+    """
+
+
 class PermanentError(RaglineError):
     """A failure that retrying cannot fix: the input is bad. Fails the document at once."""
 

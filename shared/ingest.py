@@ -239,6 +239,22 @@ class Ingestor:
                 enqueue(self.sender, self.settings, STAGE_TASK, kwargs=ref.as_kwargs(), queue=doc.queue)
         except Exception:  # noqa: BLE001  (broker down, any error type: the reconciler re-sends)
             log.warning("enqueue failed for %s/%s; the reconciler will retry", doc.kb_id, doc.doc_id)
+            hand_to_reconciler(self.registry, ref)
+
+
+def hand_to_reconciler(registry: Registry, ref: StageRef) -> None:
+    """After a failed send: expire the document's lease, so the next reconciler round sends it.
+
+    Without this the document would wait out its whole queue lease (a broker restart would cost
+    half an hour); best effort, since the lease expires on its own anyway.
+    """
+    try:
+        current = registry.get_doc(ref.tenant_id, ref.kb_id, ref.doc_id)
+        if current is None or current.doc.content_version != ref.content_version or current.doc.claimed_by:
+            return
+        registry.replace_doc(current, current.doc.model_copy(update={"lease_until": utcnow()}))
+    except Exception:  # noqa: BLE001  (superseded, or OpenSearch down too: the lease still expires)
+        log.info("could not hand %s/%s to the reconciler", ref.kb_id, ref.doc_id)
 
 
 # Failures that the same bytes would meet again; others (outages, timeouts, bugs) deserve a retry.

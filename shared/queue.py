@@ -26,6 +26,7 @@ def enqueue(
     args: tuple[Any, ...] = (),
     kwargs: dict[str, Any] | None = None,
     queue: str,
+    countdown: float | None = None,
 ) -> AsyncResult[Any]:
     """Send one task by name; every send carries an expiry so a stale backlog never runs."""
     return app.send_task(
@@ -33,5 +34,6 @@ def enqueue(
         args=args,
         kwargs=kwargs or {},
         queue=queue,
+        countdown=countdown,
         expires=settings.celery.task_expires_s,
     )

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import logging
+import os
+import socket
 import threading
 from collections.abc import Callable
 
@@ -11,13 +13,45 @@ import redis
 log = logging.getLogger(__name__)
 
 
+# Take the lease from `holder` only if it still holds it (no other process took it meanwhile).
+_TAKE_OVER = """
+if redis.call('GET', KEYS[1]) == ARGV[1] then
+  redis.call('SET', KEYS[1], ARGV[2], 'EX', ARGV[3])
+  return 1
+end
+return 0
+"""
+
+
+def _dead_here(holder: str) -> bool:
+    """True when `holder` (host:pid) was a process of this host that no longer exists."""
+    host, _, pid = holder.rpartition(":")
+    if host != socket.gethostname() or not pid.isdigit():
+        return False
+    try:
+        os.kill(int(pid), 0)
+    except ProcessLookupError:
+        return True
+    except PermissionError:
+        return False
+    return False
+
+
 def hold(client: redis.Redis, key: str, me: str, ttl_s: int) -> bool:
-    """Take or keep the lease `key`; True while this process holds it."""
+    """Take or keep the lease `key`; True while this process holds it.
+
+    A worker restarted after a crash takes over from its dead predecessor at once instead of
+    waiting out the lease, so recovery does not pay that wait.
+    """
     if client.set(key, me, nx=True, ex=ttl_s):
         return True
-    if client.get(key) == me.encode():
+    raw = client.get(key)
+    holder = raw.decode() if isinstance(raw, bytes) else None
+    if holder == me:
         client.expire(key, ttl_s)
         return True
+    if holder is not None and _dead_here(holder):
+        return bool(client.eval(_TAKE_OVER, 1, key, holder, me, ttl_s))
     return False
 
 

@@ -54,17 +54,32 @@ def analyzer() -> Any:
 
 
 def find(text: str, entities: list[str], threshold: float) -> list[Finding]:
-    """Non-overlapping findings in `text`, the stronger finding winning an overlap."""
+    """Non-overlapping findings in `text`, in order."""
     raw: list[Finding] = []
     for first in range(0, len(text), _ANALYZE_WINDOW):
         window = text[first : first + _ANALYZE_WINDOW]
         for r in analyzer().analyze(text=window, language="en", entities=entities, score_threshold=threshold):
             raw.append(Finding(first + r.start, first + r.end, r.entity_type, r.score))
-    chosen: list[Finding] = []
-    for finding in sorted(raw, key=lambda f: (-f.score, -(f.end - f.start), f.start)):
-        if all(finding.end <= c.start or finding.start >= c.end for c in chosen):
-            chosen.append(finding)
-    return sorted(chosen, key=lambda f: f.start)
+    return merge_overlaps(raw)
+
+
+def merge_overlaps(findings: list[Finding]) -> list[Finding]:
+    """Overlapping findings become one spanning all of them, labelled by the strongest.
+
+    Keeping only the strongest would leave the rest of a weaker, longer finding in the text: the
+    NER tags most of an IPv6 address as a PERSON with more confidence than the IP recognizer, and
+    its first group would be indexed. Redaction covers every character any recognizer flagged.
+    """
+    merged: list[Finding] = []
+    for finding in sorted(findings, key=lambda f: (f.start, -f.end)):
+        if merged and finding.start < merged[-1].end:
+            last = merged[-1]
+            strongest = last if last.score >= finding.score else finding
+            end = max(last.end, finding.end)
+            merged[-1] = Finding(last.start, end, strongest.entity, max(last.score, finding.score))
+        else:
+            merged.append(finding)
+    return merged
 
 
 def replacement(value: str, entity: str, policy: PiiPolicy, key: bytes) -> str:
