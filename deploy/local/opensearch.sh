@@ -1,20 +1,28 @@
 #!/usr/bin/env bash
-# Real single-node OpenSearch + k-NN plugin on 127.0.0.1, assembled only from Maven Central artifacts.
+# Real OpenSearch + k-NN plugin on 127.0.0.1 (one node, or a cluster of a few), assembled only from Maven
+# Central artifacts.
 #
-# Usage: opensearch.sh install|start|stop|status|restart
+# Usage: opensearch.sh install|start|stop|status|restart|start-node I|stop-node I
 #
 #   install  fetch the server, its standard modules and the k-NN plugin with Maven and lay them out as an
 #            OpenSearch home (lib/, modules/, plugins/) in ${RAGLINE_CACHE_DIR:-~/.cache/ragline}/opensearch-<version>.
 #            Idempotent: a finished install is marked and never redone.
 #   start    install if needed, write config, start in the background and wait until the cluster is yellow/green.
 #            A no-op (prints the URL) when already running. Cleans a stale pid file / node.lock first.
-#   stop     SIGTERM, wait, then SIGKILL; leaves no process behind.
-#   status   "running" (+ url, pid, health) with rc 0, or "stopped" with rc 3.
+#   stop     SIGTERM, wait, then SIGKILL; leaves no process behind (every node of this state dir).
+#   status   "running" (+ url, pid, health) with rc 0, or "stopped" with rc 3 (any node stopped).
+#   stop-node I / start-node I
+#            stop or start node I (1..NODES) alone, e.g. to test failover. In a cluster, stop-node first
+#            excludes the node from the cluster-manager voting configuration (so even one of two nodes can
+#            go), and start-node clears the exclusions once the node is back.
 #
 # Environment:
-#   RAGLINE_OPENSEARCH_PORT            HTTP port (9200)
-#   RAGLINE_OPENSEARCH_TRANSPORT_PORT  transport port (9300)
-#   RAGLINE_OPENSEARCH_HEAP            JVM heap, -Xms = -Xmx (1g)
+#   RAGLINE_OPENSEARCH_NODES           nodes on this machine (1); with 2..9 node I listens on PORT+I-1 and
+#                                      TRANSPORT_PORT+I-1, finds its peers over loopback (discovery.seed_hosts)
+#                                      and keeps its state in $RAGLINE_STATE_DIR/opensearch/node-I/
+#   RAGLINE_OPENSEARCH_PORT            HTTP port (9200; of node 1)
+#   RAGLINE_OPENSEARCH_TRANSPORT_PORT  transport port (9300; of node 1)
+#   RAGLINE_OPENSEARCH_HEAP            JVM heap of each node, -Xms = -Xmx (1g)
 #   RAGLINE_OPENSEARCH_VERSION         server version (2.19.1, 2.x only); the k-NN plugin is <version>.0
 #   RAGLINE_OPENSEARCH_JAVA_HOME       JDK to run with (default: /usr/lib/jvm/java-17-openjdk-amd64)
 #   RAGLINE_OPENSEARCH_USER            unprivileged account used when invoked as root (ragline-opensearch)
@@ -22,7 +30,8 @@
 #   RAGLINE_OPENSEARCH_STOP_TIMEOUT    seconds to wait after SIGTERM before SIGKILL (30)
 #   RAGLINE_CACHE_DIR                  download/assembly cache (~/.cache/ragline)
 #   RAGLINE_STATE_DIR                  runtime state (<repo>/.ragline); we use $RAGLINE_STATE_DIR/opensearch/
-#                                      {config,data,logs,tmp,opensearch.pid}
+#                                      {config,data,logs,tmp,opensearch.pid} (one node) or
+#                                      $RAGLINE_STATE_DIR/opensearch/node-I/{...} (a cluster)
 #
 # Running as root: OpenSearch refuses to start as root ("can not run opensearch as root"), so when this script
 # runs as root it creates a system account (useradd --system, no login shell, no home) and runs the JVM as that
@@ -42,8 +51,9 @@ set -euo pipefail
 REPO_ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
 VERSION=${RAGLINE_OPENSEARCH_VERSION:-2.19.1}
 KNN_VERSION=${VERSION}.0
-PORT=${RAGLINE_OPENSEARCH_PORT:-9200}
-TRANSPORT_PORT=${RAGLINE_OPENSEARCH_TRANSPORT_PORT:-9300}
+NODES=${RAGLINE_OPENSEARCH_NODES:-1}
+BASE_PORT=${RAGLINE_OPENSEARCH_PORT:-9200}
+BASE_TRANSPORT_PORT=${RAGLINE_OPENSEARCH_TRANSPORT_PORT:-9300}
 HEAP=${RAGLINE_OPENSEARCH_HEAP:-1g}
 START_TIMEOUT=${RAGLINE_OPENSEARCH_START_TIMEOUT:-180}
 STOP_TIMEOUT=${RAGLINE_OPENSEARCH_STOP_TIMEOUT:-30}
@@ -52,14 +62,7 @@ CACHE_DIR=${RAGLINE_CACHE_DIR:-$HOME/.cache/ragline}
 HOME_DIR=$CACHE_DIR/opensearch-$VERSION # the assembled OPENSEARCH_HOME (read-only at runtime)
 STATE_DIR=${RAGLINE_STATE_DIR:-$REPO_ROOT/.ragline}
 OS_STATE=$STATE_DIR/opensearch
-CONF_DIR=$OS_STATE/config
-DATA_DIR=$OS_STATE/data
-LOGS_DIR=$OS_STATE/logs
-TMP_DIR=$OS_STATE/tmp
-PIDFILE=$OS_STATE/opensearch.pid
-STDOUT_LOG=$LOGS_DIR/stdout.log
 CLUSTER_NAME=ragline
-URL=http://127.0.0.1:$PORT
 MARKER=.ragline-install-complete
 MVN_DEP_PLUGIN=org.apache.maven.plugins:maven-dependency-plugin:3.6.1
 MAJOR=${VERSION%%.*}
@@ -70,6 +73,30 @@ die() { printf 'opensearch: error: %s\n' "$*" >&2; exit 1; }
 # 2.x only: 3.x replaces the SecurityManager with a java agent (lib/agent) and renames the module classes;
 # this assembly has not been built or tested for it.
 [ "$MAJOR" = 2 ] || die "RAGLINE_OPENSEARCH_VERSION=$VERSION: only OpenSearch 2.x is supported by this assembly"
+[[ $NODES =~ ^[1-9]$ ]] || die "RAGLINE_OPENSEARCH_NODES=$NODES: give a number of nodes from 1 to 9"
+
+# Point the per-node globals at node I. One node keeps the layout of $OS_STATE itself; a cluster gives
+# every node its own directory, ports and name.
+select_node() { # I
+  NODE=$1
+  if [ "$NODES" -eq 1 ]; then
+    NODE_STATE=$OS_STATE
+    NODE_NAME=ragline-local
+  else
+    NODE_STATE=$OS_STATE/node-$NODE
+    NODE_NAME=ragline-local-$NODE
+  fi
+  PORT=$((BASE_PORT + NODE - 1))
+  TRANSPORT_PORT=$((BASE_TRANSPORT_PORT + NODE - 1))
+  URL=http://127.0.0.1:$PORT
+  CONF_DIR=$NODE_STATE/config
+  DATA_DIR=$NODE_STATE/data
+  LOGS_DIR=$NODE_STATE/logs
+  TMP_DIR=$NODE_STATE/tmp
+  PIDFILE=$NODE_STATE/opensearch.pid
+  STDOUT_LOG=$LOGS_DIR/stdout.log
+}
+select_node 1
 
 # Standard modules we ship: dir-name | Maven coordinates (groupId:artifactId) | plugin class stem | extended.plugins
 # The plugin class is <stem>Plugin in 2.x jars (e.g. org.opensearch.transport.Netty4Plugin) and <stem>ModulePlugin
@@ -332,15 +359,18 @@ EOF
 }
 
 # ---------------------------------------------------------------------------------------------------- process
-# pids of JVMs running with our config dir (the source of truth; the pid file is a convenience)
-find_pids() {
+# pids of JVMs running with our config dir (the source of truth; the pid file is a convenience);
+# with "all", those of every node of this state dir, whatever RAGLINE_OPENSEARCH_NODES says now
+find_pids() { # [all]
   local p cmd
   for p in /proc/[0-9]*; do
     cmd=$(tr '\0' ' ' 2>/dev/null <"$p/cmdline") || continue
-    case "$cmd" in
-      *org.opensearch.bootstrap.OpenSearch*"-Dopensearch.path.conf=$CONF_DIR "*) echo "${p#/proc/}" ;;
-      *"-Dopensearch.path.conf=$CONF_DIR "*org.opensearch.bootstrap.OpenSearch*) echo "${p#/proc/}" ;;
-    esac
+    case "$cmd" in *org.opensearch.bootstrap.OpenSearch*) ;; *) continue ;; esac
+    if [ "${1:-}" = all ]; then
+      case "$cmd" in *"-Dopensearch.path.conf=$OS_STATE/"*"config "*) echo "${p#/proc/}" ;; esac
+    else
+      case "$cmd" in *"-Dopensearch.path.conf=$CONF_DIR "*) echo "${p#/proc/}" ;; esac
+    fi
   done
 }
 
@@ -355,18 +385,44 @@ health() { # prints cluster status or nothing
   { curl -fsS --max-time 5 "$URL/_cluster/health" 2>/dev/null || true; } | sed -n 's/.*"status":"\([a-z]*\)".*/\1/p'
 }
 
+# A cluster bootstraps once, when no node has any state yet; listing the initial cluster managers
+# on a later start could let a wiped node elect a cluster of its own.
+cluster_bootstrapped() {
+  local i
+  for ((i = 1; i <= NODES; i++)); do
+    [ ! -d "$OS_STATE/node-$i/data/nodes" ] || return 0
+  done
+  return 1
+}
+
+discovery_config() {
+  if [ "$NODES" -eq 1 ]; then
+    echo "discovery.type: single-node"
+    return 0
+  fi
+  local i seeds="" names=""
+  for ((i = 1; i <= NODES; i++)); do
+    seeds+="${seeds:+, }127.0.0.1:$((BASE_TRANSPORT_PORT + i - 1))"
+    names+="${names:+, }ragline-local-$i"
+  done
+  echo "discovery.seed_hosts: [$seeds]"
+  if ! cluster_bootstrapped; then
+    echo "cluster.initial_cluster_manager_nodes: [$names]"
+  fi
+}
+
 write_config() {
   mkdir -p "$CONF_DIR" "$DATA_DIR" "$LOGS_DIR" "$TMP_DIR"
   cat >"$CONF_DIR/opensearch.yml" <<EOF
 # Generated by deploy/local/opensearch.sh on every start; edit the script, not this file.
 cluster.name: $CLUSTER_NAME
-node.name: ragline-local
+node.name: $NODE_NAME
 path.data: $DATA_DIR
 path.logs: $LOGS_DIR
 network.host: 127.0.0.1
 http.port: $PORT
 transport.port: $TRANSPORT_PORT
-discovery.type: single-node
+$(discovery_config)
 bootstrap.memory_lock: false
 # seccomp filter install can fail inside containers; not needed for a local dev node
 bootstrap.system_call_filter: false
@@ -474,8 +530,10 @@ runtime_home() {
   echo "$mirror"
 }
 
-start() {
+# Start this node's JVM in the background: LAUNCHER is the launcher's pid, empty when the node already ran.
+launch() {
   local pid
+  LAUNCHER=""
   if pid=$(running_pid); then
     echo "$pid" >"$PIDFILE"
     say "already running on $URL (pid $pid, cluster health $(health || true))"
@@ -528,10 +586,14 @@ start() {
       -cp "$os_home/lib/*" \
       org.opensearch.bootstrap.OpenSearch
   ) >>"$STDOUT_LOG" 2>&1 </dev/null &
-  local launcher=$!
-
+  LAUNCHER=$!
+  LAUNCHED+=("$NODE")
   say "starting OpenSearch $VERSION on $URL (heap $HEAP, java $JAVA, logs $LOGS_DIR)"
-  local deadline=$((SECONDS + START_TIMEOUT)) h=""
+}
+
+# Wait until this node reports a yellow or green cluster (a cluster's node does once a manager is elected).
+wait_healthy() { # launcher-pid
+  local launcher=$1 pid deadline=$((SECONDS + START_TIMEOUT)) h=""
   while [ $SECONDS -lt $deadline ]; do
     pid=$(running_pid) || pid=""
     if [ -z "$pid" ] && ! kill -0 "$launcher" 2>/dev/null; then
@@ -548,6 +610,74 @@ start() {
   fail_start "not healthy within ${START_TIMEOUT}s (cluster health: ${h:-no answer})"
 }
 
+# Start every node that is not running (all launched before any is waited for: a cluster forms only
+# once its nodes find each other), then wait for each.
+start_all() {
+  local i launchers=() offsets=()
+  for ((i = 1; i <= NODES; i++)); do
+    select_node "$i"
+    launch
+    launchers[i]=$LAUNCHER
+    offsets[i]=${LOG_OFFSET:-1}
+  done
+  for ((i = 1; i <= NODES; i++)); do
+    select_node "$i"
+    LOG_OFFSET=${offsets[i]}
+    [ -z "${launchers[i]}" ] || wait_healthy "${launchers[i]}"
+  done
+  if [ "$NODES" -gt 1 ]; then
+    clear_voting_exclusions
+    say "cluster $CLUSTER_NAME: $(cluster_summary)"
+  fi
+}
+
+start_node() {
+  launch
+  [ -z "$LAUNCHER" ] || wait_healthy "$LAUNCHER"
+  if [ "$NODES" -gt 1 ]; then
+    clear_voting_exclusions
+    say "cluster $CLUSTER_NAME: $(cluster_summary)"
+  fi
+}
+
+# Stopping a cluster-manager-eligible node gracefully: take it out of the voting configuration first,
+# or in a cluster of two the survivor may be unable to elect itself. Asks any other node that answers.
+exclude_from_voting() {
+  local i url
+  for ((i = 1; i <= NODES; i++)); do
+    [ "$i" -ne "$NODE" ] || continue
+    url=http://127.0.0.1:$((BASE_PORT + i - 1))
+    if curl -fsS --max-time 70 -X POST -o /dev/null \
+      "$url/_cluster/voting_config_exclusions?node_names=$NODE_NAME&timeout=60s" 2>/dev/null; then
+      say "$NODE_NAME left the cluster-manager vote (asked $url)"
+      return 0
+    fi
+  done
+  say "warning: no other node took $NODE_NAME out of the cluster-manager vote; stopping it anyway"
+}
+
+clear_voting_exclusions() {
+  curl -fsS --max-time 30 -X DELETE -o /dev/null \
+    "$URL/_cluster/voting_config_exclusions?wait_for_removal=false" 2>/dev/null ||
+    say "warning: could not clear the voting exclusions on $URL"
+}
+
+stop_node() {
+  if [ "$NODES" -gt 1 ] && [ -n "$(find_pids)" ]; then
+    exclude_from_voting
+  fi
+  stop
+}
+
+cluster_summary() {
+  local body
+  body=$(curl -fsS --max-time 5 "$URL/_cluster/health" 2>/dev/null) || { echo "no answer from $URL"; return 0; }
+  printf 'status %s, %s nodes, %s unassigned shards\n' \
+    "$(sed -n 's/.*"status":"\([a-z]*\)".*/\1/p' <<<"$body")" \
+    "$(sed -n 's/.*"number_of_nodes":\([0-9]*\).*/\1/p' <<<"$body")" \
+    "$(sed -n 's/.*"unassigned_shards":\([0-9]*\).*/\1/p' <<<"$body")"
+}
+
 fail_start() {
   {
     printf 'opensearch: error: %s\n' "$1"
@@ -556,46 +686,70 @@ fail_start() {
     printf -- '--- last lines of %s\n' "$LOGS_DIR/$CLUSTER_NAME.log"
     tail -c "+${LOG_OFFSET:-1}" "$LOGS_DIR/$CLUSTER_NAME.log" 2>/dev/null | tail -n 40 || true
   } >&2
-  stop >/dev/null 2>&1 || true
+  local i
+  for i in "${LAUNCHED[@]}"; do # what this call started, and nothing else
+    select_node "$i"
+    stop >/dev/null 2>&1 || true
+  done
   exit 1
 }
 
-stop() {
-  local pids pid i
-  pids=$(find_pids | tr '\n' ' ')
+# Stop this node, or with "all" every node of this state dir.
+stop() { # [all]
+  local scope=${1:-} pids pid i pidfiles=("$PIDFILE")
+  [ "$scope" != all ] || pidfiles=("$OS_STATE/opensearch.pid" "$OS_STATE"/node-*/opensearch.pid)
+  pids=$(find_pids "$scope" | tr '\n' ' ')
   if [ -z "${pids// /}" ]; then
-    rm -f "$PIDFILE"
+    rm -f "${pidfiles[@]}"
     say "not running"
     return 0
   fi
   # shellcheck disable=SC2086
   kill -TERM $pids 2>/dev/null || true
   for ((i = 0; i < STOP_TIMEOUT * 5; i++)); do
-    [ -n "$(find_pids)" ] || break
+    [ -n "$(find_pids "$scope")" ] || break
     sleep 0.2
   done
-  pids=$(find_pids | tr '\n' ' ')
+  pids=$(find_pids "$scope" | tr '\n' ' ')
   if [ -n "${pids// /}" ]; then
     say "did not stop within ${STOP_TIMEOUT}s, sending SIGKILL to $pids"
     # shellcheck disable=SC2086
     kill -KILL $pids 2>/dev/null || true
     for ((i = 0; i < 50; i++)); do
-      [ -n "$(find_pids)" ] || break
+      [ -n "$(find_pids "$scope")" ] || break
       sleep 0.2
     done
-    [ -z "$(find_pids)" ] || die "could not kill $(find_pids | tr '\n' ' ')"
+    [ -z "$(find_pids "$scope")" ] || die "could not kill $(find_pids "$scope" | tr '\n' ' ')"
   fi
-  rm -f "$PIDFILE"
+  rm -f "${pidfiles[@]}"
   say "stopped"
 }
 
 status() {
-  local pid
-  if pid=$(running_pid); then
-    say "running on $URL (pid $pid, cluster health $(health || true))"
-  else
-    say "stopped ($URL)"
-    return 3
+  local i pid label="" rc=0
+  for ((i = 1; i <= NODES; i++)); do
+    select_node "$i"
+    [ "$NODES" -eq 1 ] || label="$NODE_NAME: "
+    if pid=$(running_pid); then
+      say "${label}running on $URL (pid $pid, cluster health $(health || true))"
+    else
+      say "${label}stopped ($URL)"
+      rc=3
+    fi
+  done
+  return $rc
+}
+
+node_arg() { # I: select node I of 1..NODES
+  [[ ${1:-} =~ ^[1-9]$ ]] && [ "$1" -le "$NODES" ] ||
+    die "give a node number from 1 to $NODES (RAGLINE_OPENSEARCH_NODES=$NODES)"
+  select_node "$1"
+}
+
+install_once() {
+  if [ ! -f "$HOME_DIR/$MARKER" ]; then
+    lock "$CACHE_DIR/.opensearch-$VERSION.lock"
+    install
   fi
 }
 
@@ -606,18 +760,23 @@ lock() { # file
   flock -w 600 9 || die "timed out waiting for lock $1"
 }
 
+LAUNCHED=()
 case "${1:-}" in
   install) lock "$CACHE_DIR/.opensearch-$VERSION.lock" && install ;;
   start | restart)
-    if [ ! -f "$HOME_DIR/$MARKER" ]; then
-      lock "$CACHE_DIR/.opensearch-$VERSION.lock"
-      install
-    fi
+    install_once
     lock "$OS_STATE/.lock" # (re)opening fd 9 releases the install lock
-    if [ "$1" = restart ]; then stop; fi
-    start
+    if [ "$1" = restart ]; then stop all; fi
+    start_all
     ;;
-  stop) lock "$OS_STATE/.lock" && stop ;;
+  stop) lock "$OS_STATE/.lock" && stop all ;;
   status) status ;;
-  *) die "usage: opensearch.sh install|start|stop|status|restart" ;;
+  start-node)
+    node_arg "${2:-}"
+    install_once
+    lock "$OS_STATE/.lock"
+    start_node
+    ;;
+  stop-node) node_arg "${2:-}" && lock "$OS_STATE/.lock" && stop_node ;;
+  *) die "usage: opensearch.sh install|start|stop|status|restart|start-node I|stop-node I" ;;
 esac
