@@ -5,8 +5,10 @@ from __future__ import annotations
 from typing import Any
 
 from celery import Celery
+from celery.signals import setup_logging
 from kombu import Queue
 
+from shared import logs
 from shared.config import Settings, get_settings
 
 
@@ -46,6 +48,15 @@ def celery_config(settings: Settings) -> dict[str, Any]:
         "worker_send_task_events": False,
         "task_send_sent_event": False,
     }
+
+
+@setup_logging.connect
+def _configure_logging(loglevel: int | str | None = None, **_: Any) -> None:
+    """Celery, the pool processes and Ragline all log through Ragline's formatter."""
+    settings = get_settings()
+    logs.configure(
+        "worker", loglevel or settings.log_level, settings.log_format, logs.secret_values(settings)
+    )
 
 
 def create_app(settings: Settings | None = None) -> Celery:

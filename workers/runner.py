@@ -32,6 +32,7 @@ from shared.models import PIPELINE, STAGE_STATUS, DocStatus, Document, ErrorInfo
 from shared.queue import enqueue
 from shared.registry import Conflict, Versioned
 from shared.stage_metrics import record_stage
+from workers import metrics
 from workers.context import WorkerContext
 
 log = logging.getLogger(__name__)
@@ -127,6 +128,7 @@ def _claim(ctx: WorkerContext, ref: StageRef, attempt_limit: int) -> Versioned |
             previous=doc.error,
         )
         ctx.registry.replace_doc(current, doc)
+        metrics.document_failed(ref.stage.value, ErrorCode.RETRIES_EXHAUSTED.value)
         return None
     if doc.status != STAGE_STATUS[ref.stage]:
         _record(doc, STAGE_STATUS[ref.stage])
@@ -186,6 +188,9 @@ def run_stage(
         results = batch_fn(ctx, inputs) if batch_fn is not None else [fn(ctx, claimed.doc, inputs[0][1])]
     except Exception as error:  # noqa: BLE001  (every failure is classified; none escapes untyped)
         failure = classify(ref, error)
+        outcome = "retry" if failure.retryable and retries_done < celery.max_retries else "failed"
+        for _ in items:
+            metrics.stage_observed(ref.stage.value, outcome, (time.perf_counter() - started) / len(items))
         if failure.retryable:
             _retry_or_fail(ctx, items, failure, retries_done)
         for item_ref, _ in items:
@@ -195,6 +200,7 @@ def run_stage(
     weights = [max(1, c.doc.chunk_count) for _, c in items]
     for (item_ref, item_claim), result, weight in zip(items, results, weights, strict=True):
         if isinstance(result, RaglineError):
+            metrics.stage_observed(ref.stage.value, "failed", elapsed * weight / sum(weights))
             _finish_failed(ctx, item_ref, result)
         else:
             _advance(ctx, item_ref, item_claim, result, elapsed * weight / sum(weights))
@@ -232,6 +238,7 @@ def _retry_or_fail(
     if retries_done >= celery.max_retries:
         _finish_failed(ctx, own_ref, RaglineError(error.message, code=ErrorCode.RETRIES_EXHAUSTED))
         raise Done
+    metrics.retried(own_ref.stage.value, error.code.value)
     raise Retry(backoff(retries_done + 1, celery.retry_backoff_max_s))
 
 
@@ -275,6 +282,7 @@ def _finish_failed(ctx: WorkerContext, ref: StageRef, error: RaglineError) -> No
         _fail(current.doc, ref.stage, error)
         try:
             ctx.registry.replace_doc(current, current.doc)
+            metrics.document_failed(ref.stage.value, error.code.value)
             log.warning("document %s/%s failed at %s: %s", ref.kb_id, ref.doc_id, ref.stage, error)
             return
         except Conflict:
@@ -293,6 +301,7 @@ def _advance(
     doc.timings = {**doc.timings, ref.stage.value: round(elapsed, 4)}
     with contextlib.suppress(Exception):  # metrics never fail a document
         record_stage(ctx.redis, ref.stage.value, elapsed)
+    metrics.stage_observed(ref.stage.value, "ok", elapsed)
     doc.progress = max(doc.progress, (PIPELINE.index(ref.stage) + 1) / len(PIPELINE))
     doc.error = None
     doc.claimed_by = None
@@ -316,6 +325,8 @@ def _advance(
     if result.after is not None:
         result.after()
     if nxt is None:
+        metrics.document_ready()
+        log.info("document %s/%s ready: %d chunks", ref.kb_id, ref.doc_id, doc.chunk_count)
         ctx.blobs.drop_artifacts(artifact_key(ref, stage) for stage in PIPELINE)
         return
     next_ref = StageRef(ref.tenant_id, ref.kb_id, ref.doc_id, ref.content_version, nxt)

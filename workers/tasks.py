@@ -10,11 +10,11 @@ import redis
 from celery import Task, shared_task
 from celery.signals import worker_process_init, worker_ready
 
-from shared import fairqueue
+from shared import fairqueue, logs
 from shared.config import get_settings
 from shared.ingest import STAGE_TASK, StageRef
 from shared.models import Stage
-from workers import leader
+from workers import leader, metrics
 from workers.context import worker_context
 from workers.pipeline import BATCH_FUNCTIONS, STAGE_FUNCTIONS
 from workers.reconciler import reconcile_once
@@ -47,6 +47,11 @@ def _start_periodic_jobs(sender: Any = None, **_: Any) -> None:
     leader.start("ragline-feeder", broker, "ragline:fair:leader", me, 0.2, feed)
 
 
+@worker_ready.connect
+def _serve_metrics(sender: Any = None, **_: Any) -> None:
+    metrics.serve(get_settings())
+
+
 @worker_process_init.connect
 def _warm_up(**_: Any) -> None:
     """Load parsers and models in each pool process before its first task, not during it."""
@@ -65,15 +70,16 @@ def stage(
 ) -> None:
     """Run one stage for one document, then enqueue the next (see workers/runner.py)."""
     ref = StageRef(tenant_id, kb_id, doc_id, content_version, Stage(stage))
-    try:
-        run_stage(
-            worker_context(),
-            ref,
-            STAGE_FUNCTIONS[ref.stage],
-            retries_done=self.request.retries,
-            batch_fn=BATCH_FUNCTIONS.get(ref.stage),
-        )
-    except Done:
-        return
-    except Retry as retry:
-        raise self.retry(countdown=retry.countdown) from None
+    with logs.bound(tenant=tenant_id, kb=kb_id, doc_id=doc_id, stage=stage):
+        try:
+            run_stage(
+                worker_context(),
+                ref,
+                STAGE_FUNCTIONS[ref.stage],
+                retries_done=self.request.retries,
+                batch_fn=BATCH_FUNCTIONS.get(ref.stage),
+            )
+        except Done:
+            return
+        except Retry as retry:
+            raise self.retry(countdown=retry.countdown) from None

@@ -12,6 +12,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from services.api import errors
 from services.api.metrics import Metrics
+from services.api.request_context import RequestContext
 from services.api.routes import batches, documents, health, kbs, search
 from services.api.state import AppState, build_state, prepare_indexes
 from services.mcp.http import mcp_routes
@@ -90,6 +91,7 @@ def create_app(settings: Settings | None = None, state: AppState | None = None) 
         app.include_router(router)
     app.router.routes.extend(routes)
     app.add_middleware(BodyLimit, limit=settings.api.max_request_bytes)
+    app.add_middleware(RequestContext)  # added last: outermost, so even a refused body gets an id
     return app
 
 

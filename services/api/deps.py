@@ -8,6 +8,7 @@ from fastapi import Depends, Header, Request
 
 from services.api.auth import Principal, Role, key_from_headers, require
 from services.api.state import AppState
+from shared import logs
 
 
 def app_state(request: Request) -> AppState:
@@ -22,7 +23,10 @@ def caller(
 ) -> Principal:
     keys = app_state(request).keys
     assert keys is not None, "the HTTP app is always built with a key ring"
-    return keys.principal(key_from_headers(authorization, x_api_key))
+    principal = keys.principal(key_from_headers(authorization, x_api_key))
+    params = request.path_params
+    logs.add(tenant=principal.tenant, kb=params.get("kb_id"), doc_id=params.get("doc_id"))
+    return principal
 
 
 def reader(principal: Annotated[Principal, Depends(caller)]) -> Principal:

@@ -1,4 +1,9 @@
-"""Prometheus metrics of the API: request latency, documents by status, queue depth, stage durations."""
+"""Prometheus metrics of the API: request latency, documents by status, queue depth, stage durations.
+
+Labels stay bounded: the route is the path template (never the path with its ids), method and
+status are small sets. There is no tenant label: tenants grow with the deployment, and one series
+per tenant and route would too; the request logs carry the tenant instead.
+"""
 
 from __future__ import annotations
 
@@ -13,9 +18,14 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from services.api.state import AppState
+from shared.queue_metrics import QueueDepthCollector
 from shared.stage_metrics import read_stage_histograms
 
 log = logging.getLogger(__name__)
+
+# Counting documents by status is an aggregation over the registry: a burst of scrapes (several
+# Prometheus servers, a dashboard) shares one answer for this long.
+STATUS_CACHE_S = 5.0
 
 
 class LiveCollector(Collector):
@@ -23,27 +33,33 @@ class LiveCollector(Collector):
 
     def __init__(self, state: AppState) -> None:
         self.state = state
+        self._statuses: tuple[float, dict[str, int]] | None = None
+
+    def _by_status(self) -> dict[str, int]:
+        now = time.monotonic()
+        if self._statuses is not None and now - self._statuses[0] < STATUS_CACHE_S:
+            return self._statuses[1]
+        response = self.state.client.search(
+            index=self.state.registry.docs,
+            body={"size": 0, "aggs": {"status": {"terms": {"field": "status", "size": 20}}}},
+        )
+        counts = {b["key"]: int(b["doc_count"]) for b in response["aggregations"]["status"]["buckets"]}
+        self._statuses = (now, counts)
+        return counts
 
     def collect(self) -> Iterable[Metric]:
         docs = GaugeMetricFamily("ragline_documents", "Documents by status.", labels=["status"])
-        queues = GaugeMetricFamily("ragline_queue_depth", "Tasks waiting per queue.", labels=["queue"])
         stages = HistogramMetricFamily(
-            "ragline_stage_duration_seconds", "Time per pipeline stage.", labels=["stage"]
+            "ragline_stage_duration_seconds", "Time per pipeline stage, all workers.", labels=["stage"]
         )
         try:
-            response = self.state.client.search(
-                index=self.state.registry.docs,
-                body={"size": 0, "aggs": {"status": {"terms": {"field": "status", "size": 20}}}},
-            )
-            for bucket in response["aggregations"]["status"]["buckets"]:
-                docs.add_metric([bucket["key"]], bucket["doc_count"])
-            for queue in self.state.settings.celery.queues:
-                queues.add_metric([queue], int(self.state.redis.llen(queue)))
+            for status, count in self._by_status().items():
+                docs.add_metric([status], count)
             for stage, (buckets, total) in read_stage_histograms(self.state.redis).items():
                 stages.add_metric([stage], buckets=buckets, sum_value=total)
         except Exception:  # noqa: BLE001  (a scrape must answer even while a dependency is down)
             log.warning("metrics: a backing service did not answer")
-        yield from (docs, queues, stages)
+        yield from (docs, stages)
 
 
 class Metrics:
@@ -57,6 +73,7 @@ class Metrics:
             buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10),
         )
         self.registry.register(LiveCollector(state))
+        self.registry.register(QueueDepthCollector(state.redis, state.settings.celery.queues))
 
     async def middleware(
         self, request: Request, call_next: Callable[[Request], Awaitable[Response]]

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 from typing import Annotated
@@ -90,6 +91,12 @@ def worker(
     ]
     if pidfile:
         argv.append(f"--pidfile={pidfile}")
+    # Pool processes write their metrics to files here for the main process to serve (see
+    # workers/metrics.py); set before Celery imports prometheus_client, emptied so counts restart.
+    metrics_dir = settings.state_dir / "metrics" / name
+    shutil.rmtree(metrics_dir, ignore_errors=True)
+    metrics_dir.mkdir(parents=True)
+    os.environ["PROMETHEUS_MULTIPROC_DIR"] = str(metrics_dir)
     os.chdir(REPO_ROOT)
     os.execv(sys.executable, argv)  # noqa: S606  (replace this process: pid files stay valid)
 

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 from mcp.server.fastmcp.server import StreamableHTTPASGIApp
 from mcp.server.sse import SseServerTransport
+from mcp.server.transport_security import TransportSecurityMiddleware
 from starlette.datastructures import Headers
+from starlette.requests import Request
 from starlette.routing import Mount, Route
 from starlette.types import ASGIApp, Receive, Scope, Send
 
@@ -43,7 +45,15 @@ def mcp_routes(mcp: RaglineMCP, keys: KeyRing) -> list[Route | Mount]:
     sse = SseServerTransport("/mcp/messages/", security_settings=mcp.settings.transport_security)
     server = mcp._mcp_server  # the SDK's own sse_app() runs the low-level server the same way
 
+    security = TransportSecurityMiddleware(mcp.settings.transport_security)
+
     async def handle_sse(scope: Scope, receive: Receive, send: Send) -> None:
+        # connect_sse answers a bad Host or Origin and then raises, which drops the connection
+        # and logs a stack trace: answer it here first.
+        refusal = await security.validate_request(Request(scope, receive), is_post=False)
+        if refusal is not None:
+            await refusal(scope, receive, send)
+            return
         async with sse.connect_sse(scope, receive, send) as (read, write):
             await server.run(read, write, server.create_initialization_options())
 

@@ -1,4 +1,4 @@
-"""Helpers of the end-to-end tests: the server handle and polling like a user."""
+"""Helpers of the end-to-end tests: the server handle, MCP sessions and polling like a user."""
 
 from __future__ import annotations
 
@@ -9,11 +9,18 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
+from mcp import ClientSession
+from mcp.client.streamable_http import streamablehttp_client
+from mcp.types import CallToolResult
 
 MAX_FILE_BYTES = 256 * 1024  # the test server's per-file limit
 
@@ -21,11 +28,39 @@ MAX_FILE_BYTES = 256 * 1024  # the test server's per-file limit
 @dataclass(frozen=True)
 class Server:
     url: str
-    keys: dict[str, str]  # name -> secret: a_admin, a_read, b_admin
+    keys: dict[str, str]  # name -> secret: a_admin, a_read, b_admin, a_expired, a_revoked
+    keys_file: Path  # re-read by the server on every request: edit it to add or revoke keys
+    log: Path  # the server's stdout and stderr
 
     def client(self, key: str | None) -> httpx.Client:
         headers = {"X-Api-Key": self.keys[key]} if key else {}
         return httpx.Client(base_url=self.url, headers=headers, timeout=60)
+
+
+@asynccontextmanager
+async def http_session(server: Server, key: str | None, **headers: str) -> AsyncIterator[ClientSession]:
+    if key:
+        headers["X-Api-Key"] = server.keys[key]
+    async with (
+        streamablehttp_client(f"{server.url}/mcp", headers=headers) as (read, write, _),
+        ClientSession(read, write) as session,
+    ):
+        await session.initialize()
+        yield session
+
+
+async def call(session: ClientSession, tool: str, **arguments: Any) -> dict[str, Any]:
+    result = await session.call_tool(tool, arguments)
+    assert not result.isError, (tool, result.content)
+    assert result.structuredContent is not None
+    return result.structuredContent
+
+
+def error_text(result: CallToolResult) -> str:
+    assert result.isError
+    text = result.content[0].text  # type: ignore[union-attr]
+    assert "Traceback" not in text
+    return str(text)
 
 
 def wait_ready(
@@ -52,20 +87,23 @@ def _free_port() -> int:
 
 
 def start_server(tmp: Path, env_overrides: dict[str, str]) -> tuple[Server, subprocess.Popen[bytes]]:
-    """`ragline serve` on a free port with three test keys (two tenants, one read-only)."""
+    """`ragline serve` on a free port with test keys: two tenants, a read-only key, dead keys."""
     run = secrets.token_hex(4)
-    keys = {name: f"test-{name}-{secrets.token_hex(16)}" for name in ("a_admin", "a_read", "b_admin")}
-    tenants = {
-        "a_admin": (f"ta-{run}", "admin"),
-        "a_read": (f"ta-{run}", "read"),
-        "b_admin": (f"tb-{run}", "admin"),
+    past = (datetime.now(UTC) - timedelta(hours=1)).isoformat()
+    tenants: dict[str, tuple[str, str, dict[str, Any]]] = {
+        "a_admin": (f"ta-{run}", "admin", {}),
+        "a_read": (f"ta-{run}", "read", {}),
+        "b_admin": (f"tb-{run}", "admin", {}),
+        "a_expired": (f"ta-{run}", "admin", {"expires_at": past}),
+        "a_revoked": (f"ta-{run}", "admin", {"revoked": True}),
     }
+    keys = {name: f"test-{name}-{secrets.token_hex(16)}" for name in tenants}
     keys_file = tmp / "keys.json"
     keys_file.write_text(
         json.dumps(
             [
-                {"key": keys[name], "tenant": tenant, "role": role, "name": name}
-                for name, (tenant, role) in tenants.items()
+                {"key": keys[name], "tenant": tenant, "role": role, "name": name, **extra}
+                for name, (tenant, role, extra) in tenants.items()
             ]
         )
     )
@@ -89,7 +127,7 @@ def start_server(tmp: Path, env_overrides: dict[str, str]) -> tuple[Server, subp
             pytest.fail(f"the API exited during startup:\n{log.read_text()[-3000:]}")
         try:
             if httpx.get(f"{url}/healthz", timeout=2).status_code == 200:
-                return Server(url=url, keys=keys), process
+                return Server(url=url, keys=keys, keys_file=keys_file, log=log), process
         except httpx.TransportError:
             time.sleep(0.3)
     process.kill()

@@ -15,6 +15,7 @@ import numpy as np
 from shared.embedding import encoder
 from shared.errors import ErrorCode, PermanentError, RaglineError
 from shared.models import Document
+from workers import metrics
 from workers.context import WorkerContext
 from workers.runner import StageResult
 
@@ -92,4 +93,5 @@ def run_batch(
         result.artifact = cleaned
         result.updates = {"stats": {**doc.stats, "embed": stats}}
         offset += len(texts)
+    metrics.embed_batch(len(items), len(all_texts), len(missing))
     return results

@@ -22,6 +22,7 @@ from shared.errors import ErrorCode, PermanentError, TransientError
 from shared.models import Document, utcnow
 from shared.search.chunks import delete_generations
 from shared.search.schema import chunks_alias
+from workers import metrics
 from workers.context import WorkerContext
 from workers.runner import StageResult
 from workers.stages.embed import decode_b64
@@ -79,7 +80,8 @@ def bulk_index(client: OpenSearch, index: str, docs: list[tuple[str, dict[str, A
             for doc_id, source in batch:
                 body += [{"index": {"_index": index, "_id": doc_id}}, source]
             try:
-                response = client.bulk(body=body)
+                with metrics.bulk_request():
+                    response = client.bulk(body=body)
             except (OSConnectionError, TransportError) as error:
                 status = getattr(error, "status_code", None)
                 if isinstance(status, int) and status not in _RETRYABLE_STATUS:
