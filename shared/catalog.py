@@ -4,18 +4,30 @@ from __future__ import annotations
 
 import base64
 import json
+from pathlib import Path
 from typing import Any
 
 from pydantic import BaseModel, Field
 
+from shared import fairqueue
 from shared.config import Settings
+from shared.embedding import known_models
 from shared.errors import ErrorCode, RaglineError
 from shared.ingest import Ingestor
-from shared.models import DocStatus, Document, KbSettings, KnowledgeBase
+from shared.models import DocStatus, Document, KbSettings, KnowledgeBase, Reembed
+from shared.queue import enqueue
 from shared.registry import Registry
-from shared.search.schema import chunks_alias
+from shared.search.placement import (
+    attach_to_default,
+    kb_alias,
+    kb_index_pattern,
+    next_alias,
+    resolve,
+    write_aliases,
+)
 
 TERMINAL = [DocStatus.READY.value, DocStatus.FAILED.value, DocStatus.DELETED.value]
+REEMBED_TASK = "ragline.reembed"
 
 
 class KbView(BaseModel):
@@ -28,6 +40,8 @@ class KbView(BaseModel):
     settings: KbSettings
     embedding_model: str
     embedding_dimension: int
+    reembed: Reembed | None
+    reembed_error: str | None
     document_count: int
     chunk_count: int
     created_at: str
@@ -161,6 +175,8 @@ class Catalog:
             settings=kb.settings,
             embedding_model=kb.embedding_model,
             embedding_dimension=kb.embedding_dimension,
+            reembed=kb.reembed,
+            reembed_error=kb.reembed_error,
             document_count=counts[0],
             chunk_count=counts[1],
             created_at=kb.created_at.isoformat(),
@@ -196,6 +212,7 @@ class Catalog:
             embedding_dimension=self.settings.embedding.dimension,
         )
         self.registry.create_kb(kb)
+        attach_to_default(self.client, self.settings, [(tenant_id, kb_id)])
         return self.view(kb, (0, 0))
 
     def update_kb(self, tenant_id: str, kb_id: str, changes: KbChanges) -> KbView:
@@ -209,12 +226,45 @@ class Catalog:
         self.registry.get_kb(tenant_id, kb_id)
         scope = {"bool": {"filter": [{"term": {"tenant_id": tenant_id}}, {"term": {"kb_id": kb_id}}]}}
         self.client.delete_by_query(
-            index=chunks_alias(self.settings), body={"query": scope}, refresh=True, conflicts="proceed"
+            index=write_aliases(self.client, self.settings, tenant_id, kb_id),
+            body={"query": scope},
+            refresh=True,
+            conflicts="proceed",
         )
         self.client.delete_by_query(
             index=self.registry.docs, body={"query": scope}, refresh=True, conflicts="proceed"
         )
         self.registry.delete_kb(tenant_id, kb_id)
+        # Indexes of its own (after a reembed) go too; the shared index only lost its chunks.
+        aliases = [kb_alias(self.settings, tenant_id, kb_id), next_alias(self.settings, tenant_id, kb_id)]
+        self.client.indices.delete_alias(index="_all", name=",".join(aliases), ignore=[404])
+        own = self.client.indices.get(index=kb_index_pattern(self.settings, tenant_id, kb_id))
+        if own:
+            self.client.indices.delete(index=",".join(own))
+
+    def start_reembed(self, tenant_id: str, kb_id: str, model: str) -> KbView:
+        """Mark the KB and hand the reembed to a worker (workers/reembed.py); CONFLICT if one runs."""
+        if model not in known_models() and not (Path(model) / "tokenizer.json").is_file():
+            raise RaglineError(
+                f"unknown embedding model '{model}'; known: {known_models()} or a local model directory",
+                code=ErrorCode.INVALID_ARGUMENT,
+            )
+        kb = self.registry.get_kb(tenant_id, kb_id)
+        if kb.reembed is not None:
+            raise RaglineError(
+                f"knowledge base '{kb_id}' is already being re-embedded (to '{kb.reembed.model}')",
+                code=ErrorCode.CONFLICT,
+            )
+        kb.reembed, kb.reembed_error = Reembed(model=model), None
+        self.registry.save_kb(kb)
+        enqueue(
+            self.ingestor.sender,
+            self.settings,
+            REEMBED_TASK,
+            kwargs={"tenant_id": tenant_id, "kb_id": kb_id, "model": model},
+            queue=fairqueue.BULK_QUEUE,
+        )
+        return self.get_kb(tenant_id, kb_id)
 
     def readable_kb_ids(self, tenant_id: str, requested: list[str] | None) -> list[str]:
         """The caller's KBs among those requested (all when None); an unknown id is NOT_FOUND."""
@@ -252,7 +302,7 @@ class Catalog:
             filters.append({"range": {"chunk_idx": {"gte": chunk_idx - window, "lte": chunk_idx + window}}})
         size = 2 * window + 1 if chunk_idx is not None else 200
         response = self.client.search(
-            index=chunks_alias(self.settings),
+            index=resolve(self.client, self.settings, [(tenant_id, kb_id)])[(tenant_id, kb_id)].alias,
             body={
                 "size": size,
                 "query": {"bool": {"filter": filters}},

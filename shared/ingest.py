@@ -24,7 +24,7 @@ from shared.models import DocStatus, Document, Outcome, Stage, safe_doc_id, utcn
 from shared.queue import enqueue
 from shared.registry import Conflict, Registry, Versioned
 from shared.search.chunks import delete_generations
-from shared.search.schema import chunks_alias
+from shared.search.placement import write_aliases
 
 log = logging.getLogger(__name__)
 
@@ -216,7 +216,8 @@ class Ingestor:
                 continue
         else:
             raise RaglineError(f"document '{doc_id}' is being changed concurrently", code=ErrorCode.CONFLICT)
-        delete_generations(self.client, chunks_alias(self.settings), tenant_id, kb_id, doc_id, keep=None)
+        aliases = write_aliases(self.client, self.settings, tenant_id, kb_id)
+        delete_generations(self.client, aliases, tenant_id, kb_id, doc_id, keep=None)
         done = deleting.doc.model_copy(deep=True)
         done.status = DocStatus.DELETED
         done.active_generation = None

@@ -106,6 +106,13 @@ class KbSettings(BaseModel):
         return value
 
 
+class Reembed(BaseModel):
+    """A running `reembed`: the model the KB's chunks are being moved to."""
+
+    model: str
+    started_at: datetime = Field(default_factory=utcnow)
+
+
 class KnowledgeBase(BaseModel):
     tenant_id: str
     kb_id: str = Field(pattern=ID_PATTERN)
@@ -115,6 +122,8 @@ class KnowledgeBase(BaseModel):
     settings: KbSettings = Field(default_factory=KbSettings)
     embedding_model: str = "all-MiniLM-L6-v2"
     embedding_dimension: int = 384
+    reembed: Reembed | None = None
+    reembed_error: str | None = None
     created_at: datetime = Field(default_factory=utcnow)
     updated_at: datetime = Field(default_factory=utcnow)
 

@@ -1,8 +1,11 @@
 """Hybrid search: one `_msearch` with a BM25 arm and a k-NN arm, fused in the service.
 
 Filters (the caller's tenant always among them, added here and never taken from the request)
-apply inside both arms. Hits of a document's inactive generation, or of a deleted document,
-are dropped after a registry lookup, so readers never see two versions mixed.
+apply inside both arms. Each KB's chunks may sit in an index of another embedding model
+(shared/search/placement.py): the k-NN arm runs once per model, with that model's query vector,
+on the physical indexes resolved for this search, and the model arms merge by score. Hits of a
+document's inactive generation, or of a deleted document, are dropped after a registry lookup, so
+readers never see two versions mixed.
 """
 
 from __future__ import annotations
@@ -18,11 +21,12 @@ from opensearchpy import OpenSearch
 from pydantic import BaseModel, Field, field_validator, model_validator
 
 from shared.config import Settings
-from shared.embedding import encoder
+from shared.embedding import encoder, for_model
 from shared.errors import ErrorCode, RaglineError
 from shared.models import DocStatus
 from shared.registry import doc_key
 from shared.search.fusion import Fusion, fuse
+from shared.search.placement import resolve
 from shared.search.schema import chunks_alias, docs_index
 
 KEYWORD, SEMANTIC = "keyword", "semantic"
@@ -200,17 +204,19 @@ class QueryEmbedder:
     def __init__(self, settings: Settings) -> None:
         self._settings = settings.embedding
         self._size = settings.search.query_cache_size
-        self._cache: OrderedDict[str, list[float]] = OrderedDict()
+        self._cache: OrderedDict[tuple[str, str], list[float]] = OrderedDict()
         self._lock = threading.Lock()
 
-    def __call__(self, query: str) -> list[float]:
+    def __call__(self, query: str, model: str | None = None) -> list[float]:
+        key = (model or self._settings.model, query)
         with self._lock:
-            if query in self._cache:
-                self._cache.move_to_end(query)
-                return self._cache[query]
-        vector = [float(x) for x in encoder(self._settings).encode([query])[0]]
+            if key in self._cache:
+                self._cache.move_to_end(key)
+                return self._cache[key]
+        model_settings = for_model(self._settings, key[0])
+        vector = [float(x) for x in encoder(model_settings).encode([query])[0]]
         with self._lock:
-            self._cache[query] = vector
+            self._cache[key] = vector
             while len(self._cache) > self._size:
                 self._cache.popitem(last=False)
         return vector
@@ -226,8 +232,10 @@ class Searcher:
         self.docs = docs_index(settings)
         self.embed = QueryEmbedder(settings)
 
-    def arm_bodies(self, request: SearchRequest, clauses: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
-        """The `_msearch` bodies of the arms this mode runs."""
+    def arm_bodies(
+        self, request: SearchRequest, clauses: list[dict[str, Any]], model: str | None = None
+    ) -> dict[str, dict[str, Any]]:
+        """The `_msearch` bodies of the arms this mode runs (the k-NN arm's vector from `model`)."""
         size = max(self.settings.search.candidates, request.top_k * 3)
         bodies: dict[str, dict[str, Any]] = {}
         if request.mode in (Mode.HYBRID, Mode.KEYWORD):
@@ -256,7 +264,7 @@ class Searcher:
                 "query": {
                     "knn": {
                         "embedding": {
-                            "vector": self.embed(request.query),
+                            "vector": self.embed(request.query, model),
                             "k": size,
                             "filter": {"bool": {"filter": clauses}},
                         }
@@ -269,17 +277,20 @@ class Searcher:
         started = time.perf_counter()
         if not kb_ids:
             return SearchResponse(results=[], latency_ms=0.0)
-        bodies = self.arm_bodies(request, filter_clauses(tenant_id, kb_ids, request.filters))
+        clauses = filter_clauses(tenant_id, kb_ids, request.filters)
         lines: list[dict[str, Any]] = []
-        for body in bodies.values():
-            lines += [{"index": self.index}, body]
+        arm_of_line: list[str] = []
+        for model, indexes in self._indexes_by_model(tenant_id, kb_ids).items():
+            for arm, body in self.arm_bodies(request, clauses, model).items():
+                lines += [{"index": ",".join(indexes)}, body]
+                arm_of_line.append(arm)
         responses = self.client.msearch(body=lines)["responses"]
         hits: dict[str, dict[str, Any]] = {}
         arms: dict[str, list[tuple[str, float]]] = {}
-        for arm, response in zip(bodies, responses, strict=True):
+        for arm, response in zip(arm_of_line, responses, strict=True):
             if "error" in response:
                 raise RaglineError("the search index could not answer", code=ErrorCode.UNAVAILABLE)
-            ranked = []
+            ranked = arms.setdefault(arm, [])
             for hit in response["hits"]["hits"]:
                 if arm == SEMANTIC and request.min_score is not None and hit["_score"] < request.min_score:
                     continue
@@ -287,7 +298,8 @@ class Searcher:
                 if "highlight" in hit:
                     hits[hit["_id"]]["highlight"] = hit["highlight"]
                 ranked.append((hit["_id"], float(hit["_score"])))
-            arms[arm] = ranked
+        # Several models' k-NN arms, or the keyword arm over several indexes: one ranking each.
+        arms = {arm: sorted(ranked, key=lambda r: -r[1]) for arm, ranked in arms.items()}
         visible = self._visible(tenant_id, [hits[h]["_source"] for h in hits])
         arms = {
             arm: [(h, s) for h, s in ranked if _version(hits[h]["_source"]) in visible]
@@ -312,6 +324,17 @@ class Searcher:
             if len(results) == request.top_k:
                 break
         return SearchResponse(results=results, latency_ms=round((time.perf_counter() - started) * 1000, 2))
+
+    def _indexes_by_model(self, tenant_id: str, kb_ids: list[str]) -> dict[str, list[str]]:
+        """The physical indexes holding these KBs, grouped by embedding model.
+
+        Physical names, not aliases: a reembed may swap an alias mid-search, and the index resolved
+        here stays until well after the search (placement.py), always paired with its own model.
+        """
+        grouped: dict[str, set[str]] = {}
+        for placement in resolve(self.client, self.settings, [(tenant_id, kb) for kb in kb_ids]).values():
+            grouped.setdefault(placement.model, set()).add(placement.index)
+        return {model: sorted(indexes) for model, indexes in sorted(grouped.items())}
 
     def _visible(self, tenant_id: str, sources: list[dict[str, Any]]) -> set[tuple[str, str, int]]:
         """(kb, doc, generation) triples that readers may see: each document's active generation."""

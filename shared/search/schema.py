@@ -48,6 +48,8 @@ KBS_MAPPING: dict[str, Any] = {
         "settings": {"type": "object", "enabled": False},
         "embedding_model": {"type": "keyword"},
         "embedding_dimension": {"type": "integer"},
+        "reembed": {"type": "object", "enabled": False},
+        "reembed_error": {"type": "text", "index": False},
         "created_at": {"type": "date"},
         "updated_at": {"type": "date"},
     },
@@ -96,10 +98,12 @@ DOCS_MAPPING: dict[str, Any] = {
 }
 
 
-def chunks_mapping(settings: Settings, dimension: int) -> dict[str, Any]:
+def chunks_mapping(settings: Settings, model: str, dimension: int) -> dict[str, Any]:
     os_settings = settings.opensearch
     return {
         "dynamic": "strict",
+        # Which model made the vectors: readers pick the query encoder from the index they query.
+        "_meta": {"embedding_model": model, "embedding_dimension": dimension},
         "properties": {
             "tenant_id": {"type": "keyword"},
             "kb_id": {"type": "keyword"},
@@ -161,29 +165,40 @@ def chunks_mapping(settings: Settings, dimension: int) -> dict[str, Any]:
 def ensure_indexes(client: OpenSearch, settings: Settings) -> None:
     """Create the registry, KB and chunk indexes and the chunk alias; add fields new to this version."""
     for name, mapping in ((kbs_index(settings), KBS_MAPPING), (docs_index(settings), DOCS_MAPPING)):
-        if not _create(client, name, {"settings": _small_index_settings(settings), "mappings": mapping}):
+        if not create_index(client, name, {"settings": _small_index_settings(settings), "mappings": mapping}):
             # Adding fields is always allowed; a changed field type fails here, loudly.
             client.indices.put_mapping(index=name, body={"properties": mapping["properties"]})
     alias = chunks_alias(settings)
+    model, dimension = settings.embedding.model, settings.embedding.dimension
+    physical = chunks_index(settings, model)
     if not client.indices.exists_alias(name=alias):
-        physical = chunks_index(settings, settings.embedding.model)
-        body = {
-            "settings": {
-                "index": {
-                    "knn": True,
-                    "knn.algo_param.ef_search": settings.opensearch.hnsw_ef_search,
-                    "number_of_shards": settings.opensearch.shards,
-                    "number_of_replicas": settings.opensearch.replicas,
-                    "refresh_interval": settings.opensearch.refresh_interval,
-                }
-            },
-            "mappings": chunks_mapping(settings, settings.embedding.dimension),
-            "aliases": {alias: {}},
-        }
-        _create(client, physical, body)
+        create_index(client, physical, chunk_index_body(settings, model, dimension, {alias: {}}))
+    elif client.indices.exists(index=physical):
+        # Indexes made before `_meta` existed learn their model (mapping `_meta` can always change).
+        meta = {"embedding_model": model, "embedding_dimension": dimension}
+        client.indices.put_mapping(index=physical, body={"_meta": meta})
 
 
-def _create(client: OpenSearch, name: str, body: dict[str, Any]) -> bool:
+def chunk_index_body(
+    settings: Settings, model: str, dimension: int, aliases: dict[str, Any]
+) -> dict[str, Any]:
+    """Settings and mapping of a chunk index for one embedding model."""
+    return {
+        "settings": {
+            "index": {
+                "knn": True,
+                "knn.algo_param.ef_search": settings.opensearch.hnsw_ef_search,
+                "number_of_shards": settings.opensearch.shards,
+                "number_of_replicas": settings.opensearch.replicas,
+                "refresh_interval": settings.opensearch.refresh_interval,
+            }
+        },
+        "mappings": chunks_mapping(settings, model, dimension),
+        "aliases": aliases,
+    }
+
+
+def create_index(client: OpenSearch, name: str, body: dict[str, Any]) -> bool:
     """Create the index; False when it existed already."""
     if client.indices.exists(index=name):
         return False

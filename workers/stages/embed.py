@@ -1,5 +1,8 @@
 """embed: one normalized vector per chunk, for "header\\ntext", with a cache keyed by that exact text.
 
+Each document is encoded with its knowledge base's model (documents of several KBs may share a
+task); the artifact names the model, so the store stage can tell vectors of another model apart.
+
 The cache (Redis) means unchanged chunks of an edited document, or a re-ingest after a failure,
 are never encoded twice. Vectors travel to the store stage as base64 float32.
 """
@@ -12,7 +15,7 @@ from typing import Any
 
 import numpy as np
 
-from shared.embedding import encoder
+from shared.embedding import embedded_text, encoder, for_model
 from shared.errors import ErrorCode, PermanentError, RaglineError
 from shared.models import Document
 from workers import metrics
@@ -20,11 +23,6 @@ from workers.context import WorkerContext
 from workers.runner import StageResult
 
 CACHE_TTL_S = 30 * 24 * 3600
-
-
-def embedded_text(chunk: dict[str, Any]) -> str:
-    header = chunk.get("context") or ""
-    return f"{header}\n{chunk['text']}" if header else chunk["text"]
 
 
 def cache_key(model: str, text: str) -> str:
@@ -43,8 +41,27 @@ def decode_b64(value: str) -> list[float]:
 def run_batch(
     ctx: WorkerContext, items: list[tuple[Document, dict[str, Any]]]
 ) -> list[StageResult | RaglineError]:
-    """Embed the chunks of several documents in shared model batches."""
-    settings = ctx.settings.embedding
+    """Embed the chunks of several documents in shared model batches (one per KB model)."""
+    models: dict[tuple[str, str], str] = {}
+    for doc, _ in items:
+        key = (doc.tenant_id, doc.kb_id)
+        if key not in models:
+            models[key] = ctx.registry.get_kb(*key).embedding_model
+    results: list[StageResult | RaglineError | None] = [None] * len(items)
+    for model_name in sorted(set(models.values())):
+        mine = [i for i, (doc, _) in enumerate(items) if models[(doc.tenant_id, doc.kb_id)] == model_name]
+        outcomes = _run_model_batch(ctx, model_name, [items[i] for i in mine])
+        for i, outcome in zip(mine, outcomes, strict=True):
+            if not isinstance(outcome, RaglineError):
+                outcome.artifact["embedding_model"] = model_name
+            results[i] = outcome
+    return [r for r in results if r is not None]
+
+
+def _run_model_batch(
+    ctx: WorkerContext, model_name: str, items: list[tuple[Document, dict[str, Any]]]
+) -> list[StageResult | RaglineError]:
+    settings = for_model(ctx.settings.embedding, model_name)
     model = encoder(settings)
     results: list[StageResult | RaglineError] = []
     texts_of: list[list[str]] = []

@@ -5,6 +5,12 @@ instead of duplicating. Every item of every bulk response is checked; failed ite
 with backoff when the failure is transient. The registry flips `active_generation` (in the
 runner's write that marks the document ready) before the old generation's chunks are deleted,
 so a reader never finds the document without chunks.
+
+Writes go through the KB's alias (and, while a reembed runs, its "next" alias), never to a physical
+name: `require_alias` means a write can never create an index. After writing, the store resolves
+the aliases again; if a reembed moved them meanwhile it writes again to where they point now,
+re-encoding for that index's model. So a document stored during a reembed is never lost, and a
+chunk never sits in an index with another model's vector.
 """
 
 from __future__ import annotations
@@ -18,10 +24,11 @@ from opensearchpy import OpenSearch
 from opensearchpy.exceptions import ConnectionError as OSConnectionError
 from opensearchpy.exceptions import TransportError
 
+from shared.embedding import embedded_text, encoder, for_model
 from shared.errors import ErrorCode, PermanentError, TransientError
 from shared.models import Document, utcnow
 from shared.search.chunks import delete_generations
-from shared.search.schema import chunks_alias
+from shared.search.placement import Placement, write_aliases, write_targets
 from workers import metrics
 from workers.context import WorkerContext
 from workers.runner import StageResult
@@ -69,7 +76,9 @@ def chunk_source(
     }
 
 
-def bulk_index(client: OpenSearch, index: str, docs: list[tuple[str, dict[str, Any]]]) -> None:
+def bulk_index(
+    client: OpenSearch, index: str, docs: list[tuple[str, dict[str, Any]]], *, require_alias: bool = False
+) -> None:
     """Index (id, source) pairs; retry transient item failures, raise on permanent ones."""
     pending = docs
     for attempt in range(ITEM_RETRIES + 1):
@@ -78,7 +87,10 @@ def bulk_index(client: OpenSearch, index: str, docs: list[tuple[str, dict[str, A
             batch = pending[first : first + BULK_ACTIONS]
             body: list[dict[str, Any]] = []
             for doc_id, source in batch:
-                body += [{"index": {"_index": index, "_id": doc_id}}, source]
+                action: dict[str, Any] = {"_index": index, "_id": doc_id}
+                if require_alias:
+                    action["require_alias"] = True
+                body += [{"index": action}, source]
             try:
                 with metrics.bulk_request():
                     response = client.bulk(body=body)
@@ -108,23 +120,60 @@ def bulk_index(client: OpenSearch, index: str, docs: list[tuple[str, dict[str, A
     raise TransientError(f"{len(pending)} chunks could not be indexed after {ITEM_RETRIES} retries")
 
 
+MAX_MOVES = 5  # alias moves survived in one store; a reembed makes at most one
+
+
 def run(ctx: WorkerContext, doc: Document, embedded: dict[str, Any]) -> StageResult:
-    index = chunks_alias(ctx.settings)
     generation = doc.content_version
     chunks = embedded["chunks"]
     title, language = embedded["title"], embedded.get("language", "en")
+    model = embedded.get("embedding_model", ctx.settings.embedding.model)
     sources = [
         (chunk_doc_id(doc, generation, c["chunk_idx"]), chunk_source(doc, generation, c, title, language))
         for c in chunks
     ]
-    bulk_index(ctx.client, index, sources)
-    ctx.client.indices.refresh(index=index)
+    written: list[str] = []
+    for _ in range(MAX_MOVES):
+        targets = write_targets(ctx.client, ctx.settings, doc.tenant_id, doc.kb_id)
+        if [t.index for t in targets] == written:
+            break
+        for target in targets:
+            _write(ctx, doc, target, sources, chunks, model)
+        written = [t.index for t in targets]
+    else:
+        raise TransientError("the knowledge base's chunk index kept moving")
 
     def retire_old() -> None:
-        delete_generations(ctx.client, index, doc.tenant_id, doc.kb_id, doc.doc_id, keep=generation)
+        aliases = write_aliases(ctx.client, ctx.settings, doc.tenant_id, doc.kb_id)
+        delete_generations(ctx.client, aliases, doc.tenant_id, doc.kb_id, doc.doc_id, keep=generation)
 
     return StageResult(
         artifact=None,
         updates={"active_generation": generation, "chunk_count": len(chunks)},
         after=retire_old,
     )
+
+
+def _write(
+    ctx: WorkerContext,
+    doc: Document,
+    target: Placement,
+    sources: list[tuple[str, dict[str, Any]]],
+    chunks: list[dict[str, Any]],
+    model: str,
+) -> None:
+    """Write the chunks through `target`'s alias, with vectors of the model of its index."""
+    if target.model != model:
+        vectors = encoder(for_model(ctx.settings.embedding, target.model)).encode(
+            [embedded_text(c) for c in chunks]
+        )
+        sources = [(i, {**s, "embedding": v.tolist()}) for (i, s), v in zip(sources, vectors, strict=True)]
+    try:
+        bulk_index(ctx.client, target.alias, sources, require_alias=True)
+    except PermanentError:
+        # The alias moved between resolving and writing (to an index of another dimension, or
+        # away): the caller resolves again. A rejection with the aliases in place is real.
+        if target in write_targets(ctx.client, ctx.settings, doc.tenant_id, doc.kb_id):
+            raise
+        return
+    ctx.client.indices.refresh(index=target.alias)

@@ -1,0 +1,134 @@
+"""Where a knowledge base's chunks live: a per-KB alias over one physical chunk index.
+
+Every KB has its own alias, `<prefix>-chunks-kb-<hash>`. A new KB's alias is a filtered alias over
+the shared index of the default model (the index `<prefix>-chunks` names). `ragline kb reembed`
+moves a KB to an index of its own for the new model, `<prefix>-chunks-<model>-kb-<hash>-v<n>`:
+while it copies, the new index carries the KB's "next" alias, and one `_aliases` call then moves
+the KB's alias onto it and drops the "next" alias.
+
+The alias is the one switch. The model of an index is recorded in its mapping's `_meta`, so a
+reader or writer that resolves the alias pairs its vectors with an index of the same model:
+searches query the physical index they resolved (old indexes outlive a swap by a grace period),
+writers write through the aliases and check afterwards that they did not move (see
+workers/stages/store.py).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+from dataclasses import dataclass
+from typing import Any
+
+from opensearchpy import OpenSearch
+from opensearchpy.exceptions import NotFoundError
+
+from shared.config import Settings
+from shared.search.schema import chunks_alias, chunks_index
+
+_models: dict[str, tuple[str, int]] = {}  # physical index -> (model, dimension); never changes
+
+
+@dataclass(frozen=True)
+class Placement:
+    alias: str
+    index: str
+    model: str
+    dimension: int
+
+
+def _digest(tenant_id: str, kb_id: str) -> str:
+    return hashlib.sha256(f"{tenant_id}/{kb_id}".encode()).hexdigest()[:16]
+
+
+def kb_alias(settings: Settings, tenant_id: str, kb_id: str) -> str:
+    return f"{chunks_alias(settings)}-kb-{_digest(tenant_id, kb_id)}"
+
+
+def next_alias(settings: Settings, tenant_id: str, kb_id: str) -> str:
+    """Names the index a running reembed fills; writers write there too while it exists."""
+    return f"{kb_alias(settings, tenant_id, kb_id)}-next"
+
+
+def kb_index_pattern(settings: Settings, tenant_id: str, kb_id: str) -> str:
+    return f"{chunks_alias(settings)}-*-kb-{_digest(tenant_id, kb_id)}-v*"
+
+
+def kb_index(settings: Settings, tenant_id: str, kb_id: str, model: str, version: int) -> str:
+    slug = re.sub(r"[^a-z0-9]+", "-", model.lower()).strip("-")
+    return f"{chunks_alias(settings)}-{slug}-kb-{_digest(tenant_id, kb_id)}-v{version}"
+
+
+def kb_scope(tenant_id: str, kb_id: str) -> dict[str, Any]:
+    return {"bool": {"filter": [{"term": {"tenant_id": tenant_id}}, {"term": {"kb_id": kb_id}}]}}
+
+
+def index_model(client: OpenSearch, index: str) -> tuple[str, int]:
+    """The (model, dimension) recorded in a chunk index's `_meta`."""
+    if index not in _models:
+        mapping = client.indices.get_mapping(index=index)[index]["mappings"]
+        meta = mapping.get("_meta") or {}
+        _models[index] = (str(meta["embedding_model"]), int(meta["embedding_dimension"]))
+    return _models[index]
+
+
+def aliased(client: OpenSearch, aliases: list[str]) -> dict[str, str]:
+    """alias -> physical index, for those of `aliases` that exist."""
+    try:
+        found = client.indices.get_alias(name=",".join(aliases))
+    except NotFoundError as error:
+        # Some names are missing: the body still lists the ones that exist.
+        found = error.info if isinstance(error.info, dict) else {}
+    result: dict[str, str] = {}
+    for index, entry in found.items():
+        if isinstance(entry, dict):
+            for alias in entry.get("aliases", {}):
+                result[alias] = index
+    return result
+
+
+def attach_to_default(client: OpenSearch, settings: Settings, kbs: list[tuple[str, str]]) -> None:
+    """Give KBs without an alias one over the shared index (new KBs, and KBs older than aliases)."""
+    index = chunks_index(settings, settings.embedding.model)
+    actions = [
+        {"add": {"index": index, "alias": kb_alias(settings, t, k), "filter": kb_scope(t, k)}} for t, k in kbs
+    ]
+    if actions:
+        client.indices.update_aliases(body={"actions": actions})
+
+
+def resolve(
+    client: OpenSearch, settings: Settings, kbs: list[tuple[str, str]]
+) -> dict[tuple[str, str], Placement]:
+    """The current placement of each (tenant, kb)."""
+    names = {kb_alias(settings, t, k): (t, k) for t, k in kbs}
+    if not names:
+        return {}
+    found = aliased(client, list(names))
+    missing = [key for alias, key in names.items() if alias not in found]
+    if missing:
+        attach_to_default(client, settings, missing)
+        found = aliased(client, list(names))
+    return {
+        names[alias]: _placement(client, alias, index) for alias, index in found.items() if alias in names
+    }
+
+
+def write_targets(client: OpenSearch, settings: Settings, tenant_id: str, kb_id: str) -> list[Placement]:
+    """Where a KB's chunk writes go: its alias, plus the index a running reembed fills."""
+    current = resolve(client, settings, [(tenant_id, kb_id)])[(tenant_id, kb_id)]
+    following = next_alias(settings, tenant_id, kb_id)
+    nxt = aliased(client, [following]).get(following)
+    if nxt is None or nxt == current.index:
+        return [current]
+    return [current, _placement(client, following, nxt)]
+
+
+def write_aliases(client: OpenSearch, settings: Settings, tenant_id: str, kb_id: str) -> str:
+    """The aliases a change to a KB's chunks (a delete) must go through, comma-joined."""
+    return ",".join(t.alias for t in write_targets(client, settings, tenant_id, kb_id))
+
+
+def _placement(client: OpenSearch, alias: str, index: str) -> Placement:
+    model, dimension = index_model(client, index)
+    return Placement(alias=alias, index=index, model=model, dimension=dimension)
