@@ -7,7 +7,7 @@ from datetime import UTC, datetime
 from enum import StrEnum
 from typing import Any
 
-from pydantic import BaseModel, Field, field_validator
+from pydantic import BaseModel, Field, model_validator
 
 ID_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._~-]{0,127}$"
 _DOC_ID_UNSAFE = re.compile(r"[^A-Za-z0-9._~/-]+")
@@ -97,13 +97,13 @@ class KbSettings(BaseModel):
     pii_entities: list[str] = Field(default_factory=lambda: list(DEFAULT_PII_ENTITIES))
     language: str = Field("en", pattern=r"^[a-z]{2}$", description="Main language of the documents.")
 
-    @field_validator("chunk_overlap")
-    @classmethod
-    def _overlap_below_size(cls, value: int, info: Any) -> int:
-        size = info.data.get("chunk_size")
-        if size is not None and value >= size // 2:
-            raise ValueError(f"must be less than half of chunk_size ({size})")
-        return value
+    @model_validator(mode="after")
+    def _overlap_below_size(self) -> KbSettings:
+        # After the model, not on the field: a default overlap with a small chunk_size counts too
+        # (a stored KB that breaks this rule could no longer be read back).
+        if self.chunk_overlap >= self.chunk_size // 2:
+            raise ValueError(f"chunk_overlap must be less than half of chunk_size ({self.chunk_size})")
+        return self
 
 
 class Reembed(BaseModel):
