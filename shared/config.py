@@ -171,6 +171,19 @@ class ParseSettings(_Section):
     max_text_chars: int = Field(
         20_000_000, ge=1000, description="Most characters of text one document may expand to."
     )
+    max_archive_bytes: int = Field(
+        512 << 20,
+        ge=1 << 20,
+        description="Most bytes the members of a ZIP-based document (docx, pptx, xlsx) may expand to, "
+        "as its directory declares them; checked before anything is expanded.",
+    )
+    max_archive_ratio: int = Field(
+        100,
+        ge=10,
+        description="Largest expansion ratio of one archive member over 1 MiB (real documents stay "
+        "under 20:1; zip bombs reach 1000:1).",
+    )
+    max_archive_members: int = Field(10_000, ge=10, description="Most members a ZIP-based document may hold.")
     ocr: bool = Field(True, description="OCR PDF pages without a text layer when tesseract is installed.")
 
 

@@ -11,6 +11,7 @@ from enum import StrEnum
 from pathlib import Path
 
 from shared.errors import ErrorCode, PermanentError
+from workers.guards import prolog_end
 
 
 class FileKind(StrEnum):
@@ -39,6 +40,8 @@ _BINARY_SIGNATURES: dict[bytes, str] = {
     b"7z\xbc\xaf": "a 7-Zip archive",
     b"%!PS": "a PostScript file",
 }
+# ZIP containers that are parsed, so expanded: workers/guards.py checks them first.
+ARCHIVE_KINDS = frozenset({FileKind.DOCX, FileKind.PPTX, FileKind.XLSX})
 _OOXML_PARTS = {
     "word/document.xml": FileKind.DOCX,
     "ppt/presentation.xml": FileKind.PPTX,
@@ -47,9 +50,11 @@ _OOXML_PARTS = {
 _EMAIL_HEADER = re.compile(
     rb"^(From|To|Subject|Date|Message-ID|MIME-Version|Received|Return-Path):", re.I | re.M
 )
-_HTML_START = re.compile(
-    rb"^\s*(<!--.*?-->\s*)*(<!doctype html|<html|<head|<body|<div|<p[ >]|<h[1-6][ >])", re.I | re.S
-)
+# Both are matched after the comments and declarations that open a file (see prolog_end):
+# a regex repeating `(<!--.*?-->)*` itself backtracks exponentially on a file of many comments.
+_HTML_START = re.compile(r"<!doctype html|<html|<head|<body|<div|<p[ >]|<h[1-6][ >]", re.I)
+# XML may open with a DOCTYPE: parse refuses it, with a clear code, rather than index it as text.
+_XML_START = re.compile(r"<!DOCTYPE\s|<[A-Za-z_][\w.:-]*[\s>/]")
 _MD_EXTENSIONS = (".md", ".markdown", ".mdx")
 _CSV_EXTENSIONS = (".csv", ".tsv")
 _SAMPLE = 64 * 1024
@@ -127,11 +132,11 @@ def detect(data: bytes, filename: str | None, path: Path | None = None) -> FileK
     name = (filename or "").lower()
     if _EMAIL_HEADER.match(sample) and len(_EMAIL_HEADER.findall(sample[:4096])) >= 2:
         return FileKind.EML
-    if _HTML_START.match(sample):
+    markup = stripped[:_SAMPLE]
+    markup = markup[prolog_end(markup) :].lstrip()
+    if _HTML_START.match(markup):
         return FileKind.HTML
-    if stripped.startswith("<?xml") or (
-        stripped.startswith("<") and re.match(r"<[A-Za-z_][\w.:-]*[\s>/]", stripped)
-    ):
+    if stripped.startswith("<?xml") or _XML_START.match(markup):
         return FileKind.XML
     if stripped[:1] in "[{":
         try:

