@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import time
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -103,6 +104,25 @@ def kb_delete(
         typer.confirm(f"delete knowledge base '{kb_id}' and all its documents?", abort=True)
     _call(_remote(server, api_key), "DELETE", f"/v1/kbs/{kb_id}")
     typer.echo(f"deleted {kb_id}")
+
+
+@kb_app.command("reembed")
+def kb_reembed(
+    kb_id: str,
+    model: Annotated[str, typer.Option("--model", help="Embedding model to move the chunks to.")],
+    wait: Annotated[bool, typer.Option("--wait/--no-wait", help="Wait until the new index is live.")] = True,
+    server: Server = None,
+    api_key: ApiKey = None,
+) -> None:
+    """Re-embed a knowledge base with another model; searches keep answering throughout."""
+    view = _call(_remote(server, api_key), "POST", f"/v1/kbs/{kb_id}/reembed", json={"model": model})
+    while wait and view.get("reembed") is not None:
+        time.sleep(1.0)
+        view = _call(_remote(server, api_key), "GET", f"/v1/kbs/{kb_id}")
+    _print(view, True)
+    if wait and view.get("embedding_model") != model:
+        typer.echo(f"reembed failed: {view.get('reembed_error')}", err=True)
+        raise typer.Exit(1)
 
 
 @doc_app.command("status")

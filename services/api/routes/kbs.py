@@ -23,6 +23,13 @@ class KbCreate(BaseModel):
     settings: KbSettings = Field(default_factory=KbSettings)
 
 
+class ReembedRequest(BaseModel):
+    model_config = {"extra": "forbid"}
+    model: str = Field(
+        min_length=1, max_length=500, description="Embedding model to move the KB's chunks to."
+    )
+
+
 class KbList(BaseModel):
     knowledge_bases: list[KbView]
 
@@ -53,3 +60,10 @@ def update_kb(kb_id: str, body: KbChanges, state: State, who: Writer) -> KbView:
 def delete_kb(kb_id: str, state: State, who: Admin) -> Response:
     state.catalog.delete_kb(who.tenant, kb_id)
     return Response(status_code=204)
+
+
+@router.post("/{kb_id}/reembed", status_code=202, response_model=KbView)
+def reembed_kb(kb_id: str, body: ReembedRequest, state: State, who: Admin) -> KbView:
+    """Re-embed the KB's chunks with another model, searches answering throughout; poll the KB
+    until `reembed` is null (then `embedding_model` is the new model, or `reembed_error` says why not)."""
+    return state.catalog.start_reembed(who.tenant, kb_id, body.model)

@@ -1,0 +1,204 @@
+"""Moving a knowledge base to another embedding model while searches keep answering.
+
+1. The API marked the KB (`reembed` in its record) and sent this task.
+2. A new index for the model is created, `<prefix>-chunks-<model>-kb-<hash>-v<n>`, carrying the
+   KB's "next" alias. From then on the store stage writes new documents to both indexes.
+3. The KB's chunks are copied from the index its alias names, page by page from one scroll
+   snapshot, re-encoded from their stored text (no re-parsing). Only each document's active
+   generation is copied, checked against the registry right before each page is written.
+4. One `_aliases` call moves the KB's alias onto the new index and drops the "next" alias:
+   searches switch atomically (shared/search/placement.py). The KB record then names the model.
+5. After a grace period, in which searches that resolved the old index finish, documents changed
+   during the copy have their retired generations swept from the new index, and the old index is
+   dropped (from the shared index of the default model, only the KB's chunks are deleted).
+
+Ingest is never blocked: a document stored meanwhile lands in both indexes, and the store stage
+re-checks the aliases after writing, so a swap under its feet only makes it write again
+(workers/stages/store.py). A redelivered task starts over on the same new index; ids are
+deterministic, so copying twice only overwrites.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from datetime import timedelta
+from typing import Any
+
+from shared.embedding import Encoder, embedded_text, encoder, for_model
+from shared.models import DocStatus, KnowledgeBase
+from shared.registry import doc_key
+from shared.search.chunks import delete_generations
+from shared.search.placement import (
+    aliased,
+    kb_alias,
+    kb_index,
+    kb_index_pattern,
+    kb_scope,
+    next_alias,
+    resolve,
+)
+from shared.search.schema import chunk_index_body, create_index
+from workers.context import WorkerContext
+from workers.stages.store import bulk_index
+
+log = logging.getLogger(__name__)
+
+PAGE = 64  # chunks encoded and written per step
+SWAP_GRACE_S = 10.0  # the old index outlives the swap by this long: in-flight searches finish
+_GONE = (DocStatus.DELETING.value, DocStatus.DELETED.value)
+
+
+def reembed(ctx: WorkerContext, tenant_id: str, kb_id: str, model: str) -> dict[str, Any]:
+    """Run the reembed the KB record asks for; on failure, undo what is not yet live and say why."""
+    kb = ctx.registry.get_kb(tenant_id, kb_id)
+    if kb.reembed is None or kb.reembed.model != model:
+        log.info("reembed of %s to %s is no longer asked for", kb_id, model)
+        return {}
+    target: str | None = None
+    try:
+        model_encoder = encoder(for_model(ctx.settings.embedding, model))
+        current = resolve(ctx.client, ctx.settings, [(tenant_id, kb_id)])[(tenant_id, kb_id)]
+        target = _target_index(ctx, kb, model, model_encoder.dimension)
+        copied = _copy(ctx, kb, current.index, model_encoder)
+        _swap(ctx, kb, current.index, target)
+        kb = ctx.registry.get_kb(tenant_id, kb_id)
+        started_at = kb.reembed.started_at if kb.reembed else kb.updated_at
+        kb.embedding_model, kb.embedding_dimension, kb.reembed = model, model_encoder.dimension, None
+        ctx.registry.save_kb(kb)
+        time.sleep(SWAP_GRACE_S)
+        swept = _sweep(ctx, kb, started_at)
+        _retire(ctx, kb, current.index, target)
+    except Exception as error:
+        _abandon(ctx, tenant_id, kb_id, target, error)
+        raise
+    report = {"copied": copied, "swept": swept, "index": target, "old_index": current.index}
+    log.info("reembed of %s to %s done: %s", kb_id, model, report)
+    return report
+
+
+def _target_index(ctx: WorkerContext, kb: KnowledgeBase, model: str, dimension: int) -> str:
+    """The index the "next" alias names, created on first delivery and reused on redelivery."""
+    following = next_alias(ctx.settings, kb.tenant_id, kb.kb_id)
+    existing = aliased(ctx.client, [following]).get(following)
+    if existing is not None:
+        return existing
+    own = ctx.client.indices.get(index=kb_index_pattern(ctx.settings, kb.tenant_id, kb.kb_id))
+    version = 1 + max((int(name.rsplit("-v", 1)[1]) for name in own), default=0)
+    name = kb_index(ctx.settings, kb.tenant_id, kb.kb_id, model, version)
+    create_index(ctx.client, name, chunk_index_body(ctx.settings, model, dimension, {following: {}}))
+    return name
+
+
+def _copy(ctx: WorkerContext, kb: KnowledgeBase, source_index: str, model_encoder: Encoder) -> int:
+    """Re-encode every active chunk of the KB into the "next" alias; returns the count written."""
+    following = next_alias(ctx.settings, kb.tenant_id, kb.kb_id)
+    copied = 0
+    page = ctx.client.search(
+        index=source_index,
+        scroll="5m",
+        size=PAGE,
+        body={
+            "query": kb_scope(kb.tenant_id, kb.kb_id),
+            "sort": ["_doc"],
+            "_source": {"excludes": ["embedding"]},
+        },
+    )
+    scroll_id = page.get("_scroll_id")
+    try:
+        while page["hits"]["hits"]:
+            hits = page["hits"]["hits"]
+            vectors = model_encoder.encode([embedded_text(h["_source"]) for h in hits])
+            active = _active_generations(ctx, kb, {h["_source"]["doc_id"] for h in hits})
+            docs = [
+                (h["_id"], {**h["_source"], "embedding": v.tolist()})
+                for h, v in zip(hits, vectors, strict=True)
+                if active.get(h["_source"]["doc_id"]) == h["_source"]["generation"]
+            ]
+            bulk_index(ctx.client, following, docs, require_alias=True)
+            copied += len(docs)
+            page = ctx.client.scroll(scroll_id=scroll_id, scroll="5m")
+            scroll_id = page.get("_scroll_id", scroll_id)
+    finally:
+        if scroll_id:
+            ctx.client.clear_scroll(scroll_id=scroll_id, ignore=[404])
+    ctx.client.indices.refresh(index=following)
+    return copied
+
+
+def _active_generations(ctx: WorkerContext, kb: KnowledgeBase, doc_ids: set[str]) -> dict[str, int]:
+    """doc_id -> the generation readers see, for documents that are not deleted."""
+    found = ctx.client.mget(
+        index=ctx.registry.docs,
+        body={"ids": [doc_key(kb.tenant_id, kb.kb_id, d) for d in sorted(doc_ids)]},
+        _source_includes=["doc_id", "status", "active_generation"],
+    )
+    active: dict[str, int] = {}
+    for entry in found["docs"]:
+        record = entry.get("_source")
+        if record and record["status"] not in _GONE and record.get("active_generation") is not None:
+            active[record["doc_id"]] = int(record["active_generation"])
+    return active
+
+
+def _swap(ctx: WorkerContext, kb: KnowledgeBase, old: str, new: str) -> None:
+    """Point the KB's alias at the new index and retire the "next" alias, in one atomic call."""
+    alias = kb_alias(ctx.settings, kb.tenant_id, kb.kb_id)
+    actions = [
+        {"remove": {"index": old, "alias": alias}},
+        {"remove": {"index": new, "alias": next_alias(ctx.settings, kb.tenant_id, kb.kb_id)}},
+        {"add": {"index": new, "alias": alias}},
+    ]
+    ctx.client.indices.update_aliases(body={"actions": actions})
+
+
+def _sweep(ctx: WorkerContext, kb: KnowledgeBase, since: Any) -> int:
+    """Remove from the new index generations retired while the copy ran (the copy may have
+    written a page just before its document was deleted or replaced)."""
+    alias = kb_alias(ctx.settings, kb.tenant_id, kb.kb_id)
+    query = {
+        "bool": {
+            "filter": [
+                *kb_scope(kb.tenant_id, kb.kb_id)["bool"]["filter"],
+                {"range": {"updated_at": {"gte": (since - timedelta(seconds=5)).isoformat()}}},
+                {
+                    "terms": {
+                        "status": [DocStatus.READY.value, DocStatus.FAILED.value, DocStatus.DELETED.value]
+                    }
+                },
+            ]
+        }
+    }
+    swept, after = 0, None
+    while True:
+        hits = ctx.registry.search_docs(query, size=500, sort=[{"doc_id": "asc"}], search_after=after)
+        for hit in hits:
+            record = hit["_source"]
+            keep = None if record["status"] == DocStatus.DELETED.value else record.get("active_generation")
+            swept += delete_generations(ctx.client, alias, kb.tenant_id, kb.kb_id, record["doc_id"], keep)
+        if len(hits) < 500:
+            return swept
+        after = hits[-1]["sort"]
+
+
+def _retire(ctx: WorkerContext, kb: KnowledgeBase, old: str, new: str) -> None:
+    """Drop the old index if it was the KB's own; from the shared index, delete the KB's chunks."""
+    own = ctx.client.indices.get(index=kb_index_pattern(ctx.settings, kb.tenant_id, kb.kb_id))
+    if old in own and old != new:
+        ctx.client.indices.delete(index=old)
+        return
+    ctx.client.delete_by_query(
+        index=old, body={"query": kb_scope(kb.tenant_id, kb.kb_id)}, refresh=True, conflicts="proceed"
+    )
+
+
+def _abandon(ctx: WorkerContext, tenant_id: str, kb_id: str, target: str | None, error: Exception) -> None:
+    """Undo a reembed that failed before its swap (the new index is not live); record why."""
+    log.exception("reembed of %s failed", kb_id, exc_info=error)
+    alias = kb_alias(ctx.settings, tenant_id, kb_id)
+    if target is not None and aliased(ctx.client, [alias]).get(alias) != target:
+        ctx.client.indices.delete(index=target, ignore=[404])
+    kb = ctx.registry.get_kb(tenant_id, kb_id)
+    kb.reembed = None
+    kb.reembed_error = f"{type(error).__name__}: {error}"[:500]
+    ctx.registry.save_kb(kb)
