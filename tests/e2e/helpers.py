@@ -9,8 +9,8 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
+from collections.abc import AsyncIterator, Callable, Iterator
+from contextlib import asynccontextmanager, contextmanager
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -61,6 +61,24 @@ def error_text(result: CallToolResult) -> str:
     text = result.content[0].text  # type: ignore[union-attr]
     assert "Traceback" not in text
     return str(text)
+
+
+@contextmanager
+def extra_keys(server: Server) -> Iterator[Callable[[list[dict[str, Any]]], None]]:
+    """Rewrite the running server's keys file as its keys plus the given entries; restored after."""
+    original = server.keys_file.read_text()
+
+    def write(entries: list[dict[str, Any]]) -> None:
+        server.keys_file.write_text(json.dumps([*json.loads(original), *entries]))
+
+    try:
+        yield write
+    finally:
+        server.keys_file.write_text(original)
+
+
+def tenant_of(server: Server, key: str) -> str:
+    return str(next(e["tenant"] for e in json.loads(server.keys_file.read_text()) if e["name"] == key))
 
 
 def wait_ready(

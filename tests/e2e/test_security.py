@@ -13,7 +13,7 @@ import re
 import secrets
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -27,7 +27,7 @@ from mcp.types import CallToolResult, Tool
 
 from services.api.app import create_app
 from shared.config import load_settings
-from tests.e2e.helpers import Server, call, error_text, http_session, wait_ready
+from tests.e2e.helpers import Server, call, error_text, extra_keys, http_session, tenant_of, wait_ready
 
 pytestmark = pytest.mark.e2e
 
@@ -429,24 +429,22 @@ async def test_a_read_key_is_refused_on_every_write_tool(server: Server, tenant_
 
 
 @pytest.fixture
-def rotating_key(server: Server) -> Iterator[tuple[str, Any]]:
-    """A key added to the running server's keys file, and a function that rewrites its entry."""
-    original = server.keys_file.read_text()
-    entries = json.loads(original)
-    tenant = next(e["tenant"] for e in entries if e["name"] == "a_admin")
+def rotating_key(server: Server) -> Iterator[tuple[str, Callable[..., None]]]:
+    """A key of tenant A added to the running server's keys file, and a function that rewrites it."""
     secret = f"test-rotating-{secrets.token_hex(16)}"
+    tenant = tenant_of(server, "a_admin")
+    with extra_keys(server) as write_entries:
 
-    def write(present: bool = True, **fields: Any) -> None:
-        entry = {"key": secret, "tenant": tenant, "role": "admin", "name": "rotating", **fields}
-        server.keys_file.write_text(json.dumps([*entries, entry] if present else entries))
+        def write(present: bool = True, **fields: Any) -> None:
+            entry = {"key": secret, "tenant": tenant, "role": "admin", "name": "rotating", **fields}
+            write_entries([entry] if present else [])
 
-    yield secret, write
-    server.keys_file.write_text(original)
+        yield secret, write
 
 
 @pytest.mark.anyio
 async def test_keys_file_edits_apply_at_once_to_rest_and_open_mcp_sessions(
-    server: Server, rotating_key: tuple[str, Any]
+    server: Server, rotating_key: tuple[str, Callable[..., None]]
 ) -> None:
     secret, write = rotating_key
     identity = {"Authorization": f"Bearer {secret}"}
