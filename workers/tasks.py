@@ -12,6 +12,7 @@ from celery.signals import worker_process_init, worker_ready
 
 from shared import fairqueue, logs, tracing
 from shared.catalog import REEMBED_TASK
+from shared.catalog import REEMBED_TASK
 from shared.config import get_settings
 from shared.ingest import STAGE_TASK, StageRef
 from shared.models import Stage
@@ -20,6 +21,7 @@ from workers import leader, metrics
 from workers.context import worker_context
 from workers.pipeline import BATCH_FUNCTIONS, STAGE_FUNCTIONS
 from workers.reconciler import reconcile_once
+from workers.reembed import reembed
 from workers.reembed import reembed
 from workers.runner import Done, Retry, is_outage, outage_countdown, run_stage
 from workers.warmup import warm_up
@@ -110,6 +112,13 @@ def _send_later(task: Task[Any, Any], ref: StageRef, countdown: float) -> None:
     """A fresh send rather than a Celery retry: waiting out an outage uses up no retries."""
     queue = (task.request.delivery_info or {}).get("routing_key") or fairqueue.BULK_QUEUE
     enqueue(task.app, get_settings(), STAGE_TASK, kwargs=ref.as_kwargs(), queue=queue, countdown=countdown)
+
+
+@shared_task(name=REEMBED_TASK, ignore_result=True, soft_time_limit=6 * 3600, time_limit=6 * 3600 + 60)
+def reembed_kb(*, tenant_id: str, kb_id: str, model: str) -> None:
+    """Move a knowledge base to another embedding model (see workers/reembed.py)."""
+    with logs.bound(tenant=tenant_id, kb=kb_id):
+        reembed(worker_context(), tenant_id, kb_id, model)
 
 
 @shared_task(name=REEMBED_TASK, ignore_result=True, soft_time_limit=6 * 3600, time_limit=6 * 3600 + 60)
