@@ -10,20 +10,17 @@ import redis
 from celery import Task, shared_task
 from celery.signals import worker_process_init, worker_ready
 
-from shared import fairqueue, logs, tracing
-from shared.catalog import REEMBED_TASK
+from shared import fairqueue, logs
 from shared.catalog import REEMBED_TASK
 from shared.config import get_settings
 from shared.ingest import STAGE_TASK, StageRef
 from shared.models import Stage
-from shared.queue import enqueue
 from workers import leader, metrics
 from workers.context import worker_context
 from workers.pipeline import BATCH_FUNCTIONS, STAGE_FUNCTIONS
 from workers.reconciler import reconcile_once
 from workers.reembed import reembed
-from workers.reembed import reembed
-from workers.runner import Done, Retry, is_outage, outage_countdown, run_stage
+from workers.runner import Done, Retry, run_stage
 from workers.warmup import warm_up
 
 
@@ -58,12 +55,6 @@ def _serve_metrics(sender: Any = None, **_: Any) -> None:
 
 
 @worker_process_init.connect
-def _trace(**_: Any) -> None:
-    """Each pool process gets its own span exporter: an exporter's thread does not survive fork."""
-    tracing.setup(get_settings(), "worker")
-
-
-@worker_process_init.connect
 def _warm_up(**_: Any) -> None:
     """Load parsers and models in each pool process before its first task, not during it."""
     warm_up()
@@ -81,11 +72,7 @@ def stage(
 ) -> None:
     """Run one stage for one document, then enqueue the next (see workers/runner.py)."""
     ref = StageRef(tenant_id, kb_id, doc_id, content_version, Stage(stage))
-    parent = {name: self.request.get(name) for name in tracing.HEADERS}
-    with (
-        logs.bound(tenant=tenant_id, kb=kb_id, doc_id=doc_id, stage=stage),
-        tracing.span(f"stage {stage}", parent, tenant=tenant_id, kb=kb_id, doc_id=doc_id, stage=stage),
-    ):
+    with logs.bound(tenant=tenant_id, kb=kb_id, doc_id=doc_id, stage=stage):
         try:
             run_stage(
                 worker_context(),
@@ -97,28 +84,7 @@ def stage(
         except Done:
             return
         except Retry as retry:
-            if retry.counted:
-                raise self.retry(countdown=retry.countdown) from None
-            _send_later(self, ref, retry.countdown)
-        except Exception as error:
-            if not is_outage(error):
-                raise
-            # The registry or broker itself is unreachable, before or after the stage's own work:
-            # nothing could be recorded, so the same delivery simply comes back later.
-            _send_later(self, ref, outage_countdown())
-
-
-def _send_later(task: Task[Any, Any], ref: StageRef, countdown: float) -> None:
-    """A fresh send rather than a Celery retry: waiting out an outage uses up no retries."""
-    queue = (task.request.delivery_info or {}).get("routing_key") or fairqueue.BULK_QUEUE
-    enqueue(task.app, get_settings(), STAGE_TASK, kwargs=ref.as_kwargs(), queue=queue, countdown=countdown)
-
-
-@shared_task(name=REEMBED_TASK, ignore_result=True, soft_time_limit=6 * 3600, time_limit=6 * 3600 + 60)
-def reembed_kb(*, tenant_id: str, kb_id: str, model: str) -> None:
-    """Move a knowledge base to another embedding model (see workers/reembed.py)."""
-    with logs.bound(tenant=tenant_id, kb=kb_id):
-        reembed(worker_context(), tenant_id, kb_id, model)
+            raise self.retry(countdown=retry.countdown) from None
 
 
 @shared_task(name=REEMBED_TASK, ignore_result=True, soft_time_limit=6 * 3600, time_limit=6 * 3600 + 60)
