@@ -169,6 +169,10 @@ class Document(BaseModel):
 
 
 def safe_doc_id(raw: str) -> str:
-    """A document id derived from a file name or path: URL-safe, stable, at most 200 characters."""
-    cleaned = _DOC_ID_UNSAFE.sub("-", raw.strip().replace("\\", "/")).strip("-/.")
-    return cleaned[:200] or "document"
+    """A document id derived from a file name or path: URL-safe, stable, at most 200 characters.
+
+    Empty, "." and ".." segments are dropped: in the id's URL they would point somewhere else.
+    """
+    cleaned = _DOC_ID_UNSAFE.sub("-", raw.strip().replace("\\", "/"))
+    segments = [segment for segment in cleaned.split("/") if segment not in ("", ".", "..")]
+    return "/".join(segments).strip("-/.")[:200] or "document"
