@@ -268,6 +268,19 @@ class MetricsSettings(_Section):
     worker_port: int = Field(0, ge=0, le=65535, description="Port of a worker's /metrics; 0 disables it.")
 
 
+class TracingSettings(_Section):
+    """Optional OpenTelemetry tracing of uploads through the pipeline (needs the `tracing` extra)."""
+
+    enabled: bool = Field(False, description="Record spans: each request of the API and each stage task.")
+    exporter: Literal["otlp", "file"] = Field(
+        "otlp", description="Send spans over OTLP/HTTP, or append them as JSON lines to a file."
+    )
+    otlp_endpoint: str = Field(
+        "http://127.0.0.1:4318/v1/traces", description="OTLP/HTTP traces endpoint of the collector."
+    )
+    file: Path | None = Field(None, description="File of the 'file' exporter; default <state dir>/traces.jsonl.")
+
+
 class Settings(BaseSettings):
     """All of Ragline's configuration."""
 
@@ -304,6 +317,7 @@ class Settings(BaseSettings):
     api: ApiSettings = Field(default_factory=ApiSettings)
     search: SearchSettings = Field(default_factory=SearchSettings)
     metrics: MetricsSettings = Field(default_factory=MetricsSettings)
+    tracing: TracingSettings = Field(default_factory=TracingSettings)
 
     @classmethod
     def settings_customise_sources(

@@ -13,6 +13,7 @@ import json
 import redis
 from celery import Celery
 
+from shared import tracing
 from shared.config import Settings
 from shared.queue import enqueue
 
@@ -41,7 +42,9 @@ def lane(tenant_id: str, kb_id: str) -> str:
 def push(client: redis.Redis, tenant_id: str, kb_id: str, task_name: str, kwargs: dict[str, object]) -> None:
     key = lane(tenant_id, kb_id)
     pipe = client.pipeline(transaction=True)
-    pipe.rpush(key, json.dumps({"task": task_name, "kwargs": kwargs, "tenant": tenant_id}))
+    # The trace context of the upload waits with the work: the feeder that sends it has none.
+    item = {"task": task_name, "kwargs": kwargs, "tenant": tenant_id, "headers": tracing.carrier()}
+    pipe.rpush(key, json.dumps(item))
     pipe.sadd(LANES, key)
     pipe.hincrby(PENDING, tenant_id, 1)
     pipe.execute()
@@ -71,7 +74,9 @@ def feed(client: redis.Redis, sender: Celery, settings: Settings, depth: int) ->
             if raw is None:
                 continue
             item = json.loads(raw)
-            enqueue(sender, settings, item["task"], kwargs=item["kwargs"], queue=BULK_QUEUE)
+            enqueue(
+                sender, settings, item["task"], kwargs=item["kwargs"], queue=BULK_QUEUE, headers=item.get("headers")
+            )
             moved += 1
             room -= 1
             progressed = True

@@ -7,6 +7,7 @@ from typing import Any
 from celery import Celery
 from celery.result import AsyncResult
 
+from shared import tracing
 from shared.config import Settings
 
 
@@ -27,8 +28,12 @@ def enqueue(
     kwargs: dict[str, Any] | None = None,
     queue: str,
     countdown: float | None = None,
+    headers: dict[str, str] | None = None,
 ) -> AsyncResult[Any]:
-    """Send one task by name; every send carries an expiry so a stale backlog never runs."""
+    """Send one task by name; every send carries an expiry so a stale backlog never runs.
+
+    The message carries the current trace context, or `headers` saved when the work was accepted.
+    """
     return app.send_task(
         task_name,
         args=args,
@@ -36,4 +41,5 @@ def enqueue(
         queue=queue,
         countdown=countdown,
         expires=settings.celery.task_expires_s,
+        headers=tracing.carrier() if headers is None else headers,
     )

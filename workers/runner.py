@@ -26,6 +26,7 @@ from opensearchpy.exceptions import ConnectionError as OpenSearchConnectionError
 from opensearchpy.exceptions import TransportError
 from redis.exceptions import RedisError
 
+from shared import tracing
 from shared.errors import ErrorCode, RaglineError, TransientError
 from shared.ingest import QUEUE_LEASE, STAGE_TASK, StageRef
 from shared.models import PIPELINE, STAGE_STATUS, DocStatus, Document, ErrorInfo, Stage, utcnow
@@ -180,8 +181,9 @@ def run_stage(
         )
         return
     items = [(ref, claimed)]
+    traces: dict[StageRef, dict[str, str]] = {}
     if batch_fn is not None:
-        items += _claim_peers(ctx, ref, celery.max_retries + 1)
+        items += _claim_peers(ctx, ref, celery.max_retries + 1, traces)
     started = time.perf_counter()
     try:
         inputs = [(c.doc, _load_input(ctx, r, c.doc)) for r, c in items]
@@ -203,7 +205,8 @@ def run_stage(
             metrics.stage_observed(ref.stage.value, "failed", elapsed * weight / sum(weights))
             _finish_failed(ctx, item_ref, result)
         else:
-            _advance(ctx, item_ref, item_claim, result, elapsed * weight / sum(weights))
+            with _peer_span(traces, item_ref):
+                _advance(ctx, item_ref, item_claim, result, elapsed * weight / sum(weights))
 
 
 def classify(ref: StageRef, error: Exception) -> RaglineError:
@@ -246,23 +249,36 @@ def waiting_key(stage: Stage) -> str:
     return f"ragline:waiting:{stage.value}"
 
 
-def _claim_peers(ctx: WorkerContext, ref: StageRef, attempt_limit: int) -> list[tuple[StageRef, Versioned]]:
+def _claim_peers(
+    ctx: WorkerContext, ref: StageRef, attempt_limit: int, traces: dict[StageRef, dict[str, str]]
+) -> list[tuple[StageRef, Versioned]]:
     """Claim other documents waiting at this stage (announced in Redis on arrival), up to the limit.
 
     Redis is read at once, unlike the registry's search side; a lost announcement only means a
-    smaller batch, since every document's own task still comes.
+    smaller batch, since every document's own task still comes. Each announcement carries its
+    document's trace context, kept in `traces`, so a peer's next stage stays in its own trace.
     """
     peers = []
     popped = ctx.redis.spop(waiting_key(ref.stage), PEER_DOCS)
     announced: list[bytes] = popped if isinstance(popped, list) else []
     for raw in announced:
-        peer_ref = StageRef(**{**json.loads(raw), "stage": ref.stage})
+        fields = json.loads(raw)
+        trace = {name: fields.pop(name) for name in tracing.HEADERS if name in fields}
+        peer_ref = StageRef(**{**fields, "stage": ref.stage})
+        traces[peer_ref] = trace
         if (peer_ref.tenant_id, peer_ref.kb_id, peer_ref.doc_id) == (ref.tenant_id, ref.kb_id, ref.doc_id):
             continue
         peer = _claim(ctx, peer_ref, attempt_limit)
         if peer is not None:
             peers.append((peer_ref, peer))
     return peers
+
+
+def _peer_span(traces: dict[StageRef, dict[str, str]], ref: StageRef) -> contextlib.AbstractContextManager[Any]:
+    """The span of a peer's share of a batched stage, in the peer's own trace (none for the task's own)."""
+    if not traces.get(ref):
+        return contextlib.nullcontext()
+    return tracing.span(f"stage {ref.stage.value}", traces[ref], doc_id=ref.doc_id, stage=ref.stage.value)
 
 
 def _release_for_retry(ctx: WorkerContext, ref: StageRef, claimed: Versioned, error: RaglineError) -> None:
@@ -332,7 +348,7 @@ def _advance(
     next_ref = StageRef(ref.tenant_id, ref.kb_id, ref.doc_id, ref.content_version, nxt)
     if nxt in BATCHED_STAGES:
         with contextlib.suppress(RedisError):  # only an optimisation: the task below still runs
-            ctx.redis.sadd(waiting_key(nxt), json.dumps(next_ref.as_kwargs()))
+            ctx.redis.sadd(waiting_key(nxt), json.dumps({**next_ref.as_kwargs(), **tracing.carrier()}))
     _send(ctx, next_ref, doc.queue)
 
 

@@ -10,7 +10,7 @@ import redis
 from celery import Task, shared_task
 from celery.signals import worker_process_init, worker_ready
 
-from shared import fairqueue, logs
+from shared import fairqueue, logs, tracing
 from shared.catalog import REEMBED_TASK
 from shared.config import get_settings
 from shared.ingest import STAGE_TASK, StageRef
@@ -55,6 +55,12 @@ def _serve_metrics(sender: Any = None, **_: Any) -> None:
 
 
 @worker_process_init.connect
+def _trace(**_: Any) -> None:
+    """Each pool process gets its own span exporter: an exporter's thread does not survive fork."""
+    tracing.setup(get_settings(), "worker")
+
+
+@worker_process_init.connect
 def _warm_up(**_: Any) -> None:
     """Load parsers and models in each pool process before its first task, not during it."""
     warm_up()
@@ -72,7 +78,11 @@ def stage(
 ) -> None:
     """Run one stage for one document, then enqueue the next (see workers/runner.py)."""
     ref = StageRef(tenant_id, kb_id, doc_id, content_version, Stage(stage))
-    with logs.bound(tenant=tenant_id, kb=kb_id, doc_id=doc_id, stage=stage):
+    parent = {name: self.request.get(name) for name in tracing.HEADERS}
+    with (
+        logs.bound(tenant=tenant_id, kb=kb_id, doc_id=doc_id, stage=stage),
+        tracing.span(f"stage {stage}", parent, tenant=tenant_id, kb=kb_id, doc_id=doc_id, stage=stage),
+    ):
         try:
             run_stage(
                 worker_context(),

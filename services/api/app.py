@@ -36,12 +36,10 @@ class BodyLimit:
             return
         declared = dict(scope["headers"]).get(b"content-length")
         if declared is not None and declared.isdigit() and int(declared) > self.limit:
-            response = errors.envelope(
-                ErrorCode.TOO_LARGE, f"the request exceeds {self.limit} bytes", {"limit": self.limit}
-            )
-            await response(scope, receive, send)
+            await self._refuse(scope, receive, send)
             return
         received = 0
+        responded = False
 
         async def counted() -> Message:
             nonlocal received
@@ -56,7 +54,25 @@ class BodyLimit:
                     )
             return message
 
-        await self.app(scope, counted, send)
+        async def watched(message: Message) -> None:
+            nonlocal responded
+            responded = responded or message["type"] == "http.response.start"
+            await send(message)
+
+        try:
+            await self.app(scope, counted, watched)
+        except Exception:
+            # A middleware in between (BaseHTTPMiddleware runs the app in a task group) may wrap
+            # the error above so no handler knows it; the count tells what happened.
+            if received <= self.limit or responded:
+                raise
+            await self._refuse(scope, receive, send)
+
+    async def _refuse(self, scope: Scope, receive: Receive, send: Send) -> None:
+        response = errors.envelope(
+            ErrorCode.TOO_LARGE, f"the request exceeds {self.limit} bytes", {"limit": self.limit}
+        )
+        await response(scope, receive, send)
 
 
 def create_app(settings: Settings | None = None, state: AppState | None = None) -> FastAPI:

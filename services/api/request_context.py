@@ -1,4 +1,4 @@
-"""Gives each HTTP request an id for its log lines, taken from X-Request-ID or made, and echoes it back."""
+"""Gives each HTTP request an id for its log lines and span, from X-Request-ID or made, and echoes it."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import uuid
 from starlette.datastructures import MutableHeaders
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from shared import logs
+from shared import logs, tracing
 
 HEADER = "X-Request-ID"
 # A caller's id goes into every log line of the request: only a short, plain token is taken as is.
@@ -31,6 +31,8 @@ class RequestContext:
             await self.app(scope, receive, send)
             return
         rid = request_id(scope)
+        # FastAPI's own OpenTelemetry middleware wraps the whole app: its request span is current here.
+        tracing.annotate(request_id=rid)
 
         async def send_with_id(message: Message) -> None:
             if message["type"] == "http.response.start":

@@ -112,9 +112,12 @@ def serve(
     import uvicorn
 
     from services.api.app import create_app
+    from shared import logs, tracing
 
     settings = _settings()
+    logs.configure("api", settings.log_level, settings.log_format, logs.secret_values(settings))
     try:
+        tracing.setup(settings, "api")
         api = create_app(settings)
     except ConfigError as error:
         typer.echo(str(error), err=True)
@@ -124,6 +127,7 @@ def serve(
         host=host or settings.api.host,
         port=port or settings.api.port,
         log_level=settings.log_level.lower(),
+        log_config=None,  # uvicorn's loggers go through Ragline's handler (see shared/logs.py)
         proxy_headers=False,
         server_header=False,
     )

@@ -1,4 +1,4 @@
-"""Metrics and logs after a real load: a worker and an API of their own, on the stack's OpenSearch and Redis.
+"""Metrics, logs and traces after a real load: a worker and an API of their own, on the stack's services.
 
 They get a Redis database, an index prefix and a state dir of their own, so the figures they
 report are this test's alone (exact counts, queues that drain) whatever else ran on the stack.
@@ -43,6 +43,7 @@ class Observed:
     worker_metrics: str
     worker_log: Path
     api_log: Path
+    traces: Path
 
 
 def _isolated_env(settings: Settings, state: Path, prefix: str) -> dict[str, str]:
@@ -52,6 +53,8 @@ def _isolated_env(settings: Settings, state: Path, prefix: str) -> dict[str, str
         "RAGLINE_REDIS__URL": urlunsplit(url._replace(path=f"/{REDIS_DB}")),
         "RAGLINE_OPENSEARCH__INDEX_PREFIX": prefix,
         "RAGLINE_LOG_FORMAT": "json",
+        "RAGLINE_TRACING__ENABLED": "true",
+        "RAGLINE_TRACING__EXPORTER": "file",
     }
 
 
@@ -101,7 +104,7 @@ def observed(tmp_path_factory: pytest.TempPathFactory, settings: Settings) -> It
         _stop_worker(worker)
         raise
     try:
-        yield Observed(server, worker_url, worker_log, tmp / "api.log")
+        yield Observed(server, worker_url, worker_log, tmp / "api.log", tmp / "state" / "traces.jsonl")
     finally:
         stop_server(api)
         _stop_worker(worker)
@@ -139,25 +142,30 @@ def _poll(url: str, done: Any, timeout_s: float = 60) -> Samples:
 @pytest.fixture(scope="module")
 def load(observed: Observed) -> dict[str, Any]:
     request_id = f"obs-test-{uuid.uuid4().hex[:8]}"
+    response: httpx.Response | None = None
     with observed.server.client("a_admin") as client:
         kb = f"kb-{uuid.uuid4().hex[:8]}"
         created = client.post("/v1/kbs", json={"kb_id": kb, "name": kb, "settings": {"pii_policy": "off"}})
         assert created.status_code == 201, created.text
         names = [f"note-{i:02d}.txt" for i in range(DOCS)]
-        files = [
-            (
-                "files",
-                (name, f"Log {i}: the tug {i * 7} towed a barge past buoy {i % 5}.\n".encode(), "text/plain"),
-            )
+        uploads = {
+            name: f"Log {i}: the tug {i * 7} towed a barge past buoy {i % 5}.\n".encode()
             for i, name in enumerate(names)
-        ]
-        files.append(("files", (BAD[0], BAD[1], "application/pdf")))
+        }
+        uploads[BAD[0]] = BAD[1]
         started = time.monotonic()
-        response = client.post(f"/v1/kbs/{kb}/documents", files=files, headers={"X-Request-ID": request_id})
-        assert response.status_code == 202, response.text
-        docs = wait_ready(client, kb, [*names, BAD[0]])
+        # One request per document: one trace per document, whose stages may still share batches.
+        for i, (name, data) in enumerate(uploads.items()):
+            sent = client.post(
+                f"/v1/kbs/{kb}/documents",
+                files=[("files", (name, data, "application/octet-stream"))],
+                headers={"X-Request-ID": f"{request_id}-{i}"},
+            )
+            assert sent.status_code == 202, sent.text
+            response = response or sent
+        docs = wait_ready(client, kb, list(uploads))
         print(f"{DOCS} documents and a bad one terminal in {time.monotonic() - started:.1f} s")
-    return {"kb": kb, "names": names, "docs": docs, "response": response, "request_id": request_id}
+    return {"kb": kb, "names": names, "docs": docs, "response": response, "request_id": f"{request_id}-0"}
 
 
 def test_the_load_itself(load: dict[str, Any]) -> None:
@@ -210,7 +218,7 @@ def test_api_metrics_after_a_load(observed: Observed, load: dict[str, Any]) -> N
     assert _value(samples, "ragline_documents", status="ready") == DOCS
     assert _value(samples, "ragline_documents", status="failed") == 1
     upload = {"method": "POST", "route": "/v1/kbs/{kb_id}/documents", "status": "202"}
-    assert _value(samples, "ragline_http_request_duration_seconds_count", **upload) == 1
+    assert _value(samples, "ragline_http_request_duration_seconds_count", **upload) == DOCS + 1
     polls = _value(
         samples,
         "ragline_http_request_duration_seconds_count",
@@ -261,3 +269,33 @@ def test_log_lines_carry_tenant_kb_document_stage_and_request_id(
     assert failed
     assert failed[0]["stage"] == "parse"
     assert failed[0]["tenant"].startswith("ta-")
+
+
+def test_one_trace_per_upload_through_every_stage(observed: Observed, load: dict[str, Any]) -> None:
+    stages = {f"stage {step.value}" for step in PIPELINE}
+
+    def traced() -> tuple[dict[str, str], dict[str, set[str]]]:
+        """The upload's trace of each document, and the stages of that document found in it."""
+        spans = [json.loads(line) for line in observed.traces.read_text().splitlines()]
+        uploads = {
+            s["attributes"]["request_id"]: s["context"]["trace_id"]
+            for s in spans
+            if s["name"] == "POST /v1/kbs/{kb_id}/documents" and "request_id" in s["attributes"]
+        }
+        prefix = load["request_id"].removesuffix("-0")
+        trace_of = {name: uploads.get(f"{prefix}-{i}", "") for i, name in enumerate(load["names"])}
+        seen: dict[str, set[str]] = {name: set() for name in load["names"]}
+        for s in spans:
+            doc = s["attributes"].get("doc_id")
+            if doc in seen and s["context"]["trace_id"] == trace_of[doc] and s["name"] in stages:
+                seen[doc].add(s["name"])
+        return trace_of, seen
+
+    deadline = time.monotonic() + 60  # a stage's span is written when its task ends, after `ready`
+    trace_of, seen = traced()
+    while any(v != stages for v in seen.values()) and time.monotonic() < deadline:
+        time.sleep(0.5)
+        trace_of, seen = traced()
+    assert all(trace_of.values()), "an upload has no request span"
+    assert len(set(trace_of.values())) == DOCS
+    assert {doc: sorted(stages - got) for doc, got in seen.items() if got != stages} == {}
