@@ -278,7 +278,9 @@ class TracingSettings(_Section):
     otlp_endpoint: str = Field(
         "http://127.0.0.1:4318/v1/traces", description="OTLP/HTTP traces endpoint of the collector."
     )
-    file: Path | None = Field(None, description="File of the 'file' exporter; default <state dir>/traces.jsonl.")
+    file: Path | None = Field(
+        None, description="File of the 'file' exporter; default <state dir>/traces.jsonl."
+    )
 
 
 class Settings(BaseSettings):

@@ -75,7 +75,12 @@ def feed(client: redis.Redis, sender: Celery, settings: Settings, depth: int) ->
                 continue
             item = json.loads(raw)
             enqueue(
-                sender, settings, item["task"], kwargs=item["kwargs"], queue=BULK_QUEUE, headers=item.get("headers")
+                sender,
+                settings,
+                item["task"],
+                kwargs=item["kwargs"],
+                queue=BULK_QUEUE,
+                headers=item.get("headers"),
             )
             moved += 1
             room -= 1

@@ -274,7 +274,9 @@ def _claim_peers(
     return peers
 
 
-def _peer_span(traces: dict[StageRef, dict[str, str]], ref: StageRef) -> contextlib.AbstractContextManager[Any]:
+def _peer_span(
+    traces: dict[StageRef, dict[str, str]], ref: StageRef
+) -> contextlib.AbstractContextManager[Any]:
     """The span of a peer's share of a batched stage, in the peer's own trace (none for the task's own)."""
     if not traces.get(ref):
         return contextlib.nullcontext()
