@@ -26,11 +26,13 @@ from typing import Any
 import psutil
 from rich.console import Console
 
+from bench.baselines import forget_embeddings, raw_model, restart_worker
+from bench.mcp_latency import mcp_search_ms
+from bench.pollers import Pollers
 from bench.quality import evaluate, max_pool
 from services.cli.bulk import load
 from services.cli.remote import Remote
 from shared.config import REPO_ROOT, Settings
-from shared.embedding import encoder
 from shared.search.client import build_client
 from shared.search.hybrid import Searcher, SearchRequest
 from shared.search.schema import chunks_alias
@@ -42,6 +44,9 @@ REFERENCE = {  # ../shared/eval/README.md, outside Ragline: whole page truncated
     "hybrid_rrf": {"ndcg@10": 0.683, "mrr@10": 0.621, "recall@100": 0.991},
     "hybrid_min_max": {"ndcg@10": 0.716, "mrr@10": 0.660, "recall@100": 0.990},
 }
+RAW_SAMPLE, RAW_SAMPLE_QUICK = 2000, 400  # chunk texts the raw model encodes: minutes, not the whole corpus
+SCALING = (1, 2, 4)  # worker processes
+SUBSET, SUBSET_QUICK = 100, 20  # documents of the scaling and PII runs
 MODES: dict[str, dict[str, Any]] = {
     "keyword": {"mode": "keyword"},
     "similarity": {"mode": "similarity"},
@@ -164,7 +169,10 @@ class Bench:
             files.append((path, doc["_id"]))
         return files
 
-    def ingest(self, kb: str, files: list[tuple[Path, str]]) -> dict[str, Any]:
+    def ingest(self, kb: str, files: list[tuple[Path, str]], *, cold: bool = True) -> dict[str, Any]:
+        """Load `files` through the REST API and wait for all of them; `cold` empties the embedding cache."""
+        if cold:
+            forget_embeddings(self.settings)
         report = load(
             self.remote, kb, files, metadata={}, concurrency=4, wait=True, console=Console(quiet=True)
         )
@@ -207,17 +215,10 @@ class Bench:
             response = self.client.scroll(scroll_id=response["_scroll_id"], scroll="2m")
         return texts
 
-    def raw_model(self, texts: list[str]) -> dict[str, float]:
-        model = encoder(self.settings.embedding)
-        model.encode(texts[:32])
-        started = time.perf_counter()
-        model.encode(texts)
-        seconds = time.perf_counter() - started
-        return {
-            "chunks": len(texts),
-            "seconds": round(seconds, 2),
-            "chunks_per_s": round(len(texts) / seconds, 2),
-        }
+    def raw_model(self, texts: list[str], processes: int) -> dict[str, float]:
+        """The bare model on an even sample of the run's own chunk texts (all of them in a quick run)."""
+        sample = texts[:: max(1, len(texts) // (RAW_SAMPLE_QUICK if self.quick else RAW_SAMPLE))]
+        return raw_model(self.settings, sample, processes)
 
     def stage_costs(self, kb: str, chunks: int) -> dict[str, float]:
         totals: dict[str, float] = {}
@@ -237,33 +238,64 @@ class Bench:
 
     # the parts of the run
 
-    def ingest_figures(self, docs: list[dict[str, str]]) -> tuple[str, list[tuple[Path, str]]]:
+    def ingest_figures(self, docs: list[dict[str, str]], workers: int) -> tuple[str, list[tuple[Path, str]]]:
+        """The whole corpus, PII off, against the raw model in as many processes as the worker has."""
         files = self.write_corpus(docs, self.work / "corpus")
-        self.say(f"ingest, PII off: {len(files)} documents")
+        restart_worker(workers)
+        self.say(f"ingest, PII off: {len(files)} documents, {workers} worker processes")
         kb_off = self.kb("off", "off")
         with RssSampler(self.settings) as rss:
             off = self.ingest(kb_off, files)
         texts = self.chunk_texts(kb_off)
-        self.say(f"raw model on the same {len(texts)} chunk texts")
-        raw = self.raw_model(texts)
+        raw = self.raw_model(texts, workers)
+        self.say(
+            f"raw model: {raw['chunks_per_s']} chunks/s on {raw['chunks']} of the {len(texts)} chunk texts"
+        )
         off["per_stage_ms_per_chunk"] = self.stage_costs(kb_off, off["chunks"])
-        self.say("ingest, PII on (redact)")
-        kb_on = self.kb("on", "redact")
-        on = self.ingest(kb_on, files)
-        on["per_stage_ms_per_chunk"] = self.stage_costs(kb_on, on["chunks"])
         self.results["ingest"] = {
             "pii_off": off,
-            "pii_on": on,
             "raw_model": raw,
             "ratio_pipeline_to_raw_pii_off": round(off["chunks_per_s"] / raw["chunks_per_s"], 3),
-            "ratio_pii_on_to_off_time": round(on["seconds"] / off["seconds"], 3),
-            "workers": int(self.settings.celery.worker_concurrency),
+            "workers": workers,
         }
         self.results["memory"] = rss.summary()
-        self.results["index"] = self.index_size(off["chunks"])
+        self.results["index"] = self.index_size()
         return kb_off, files
 
-    def index_size(self, chunks: int) -> dict[str, Any]:
+    def scaling_figures(self, files: list[tuple[Path, str]], workers: int) -> None:
+        """A subset at 1, 2 and 4 worker processes (PII off), then PII on, with 50 agents polling status."""
+        runs: dict[str, Any] = {}
+        for count in SCALING:
+            restart_worker(count)
+            self.say(f"scaling: {len(files)} documents with {count} worker process(es)")
+            kb = self.kb(f"w{count}", "off")
+            run = self.ingest(kb, files)
+            raw = self.raw_model(self.chunk_texts(kb), count)
+            runs[str(count)] = run | {
+                "raw_model": raw,
+                "ratio_to_raw": round(run["chunks_per_s"] / raw["chunks_per_s"], 3),
+            }
+        restart_worker(workers)
+        self.say(f"PII on (redact): the same {len(files)} documents, {workers} worker processes, 50 pollers")
+        kb_on = self.kb("on", "redact")
+        doc_ids = [doc_id for _, doc_id in files]
+        with Pollers(50, lambda d: self.remote.get(f"/v1/kbs/{kb_on}/documents/{d}"), doc_ids) as pollers:
+            on = self.ingest(kb_on, files)
+        on["per_stage_ms_per_chunk"] = self.stage_costs(kb_on, on["chunks"])
+        off = runs[str(workers)]
+        self.results["scaling"] = runs
+        self.results["pii"] = {
+            "pii_on": on,
+            "pii_off_same_documents": off,
+            "ratio_pii_on_to_off_time": round(on["seconds"] / off["seconds"], 3),
+        }
+        self.results["status_polling_ms"] = _latency(pollers.latencies_ms) | {
+            "pollers": 50,
+            "errors": pollers.errors,
+        }
+
+    def index_size(self) -> dict[str, Any]:
+        self.client.indices.forcemerge(index=chunks_alias(self.settings), max_num_segments=1)
         stats = self.client.indices.stats(index=chunks_alias(self.settings), metric="store,docs")
         total = stats["_all"]["primaries"]
         count = max(1, int(total["docs"]["count"]))
@@ -322,7 +354,8 @@ class Bench:
             figures[f"rest_c{concurrency}"] = _latency(
                 self.timed(concurrency, [rest(f"{q} ") for q in chosen])
             )
-        figures["mcp_c1"] = _latency(asyncio_run_mcp(server, api_key, kb, [f"{q}  " for q in slices[0]]))
+            mcp = mcp_search_ms(server, api_key, kb, [f"{q}  " for q in chosen], concurrency)
+            figures[f"mcp_c{concurrency}"] = _latency(mcp)
         figures["rest_over_raw_p95_c8"] = round(
             figures["rest_c8"]["p95"] / max(figures["raw_c8"]["p95"], 1e-6), 3
         )
@@ -343,30 +376,6 @@ class Bench:
         self.results["quality"] = figures
 
 
-def asyncio_run_mcp(server: str, api_key: str, kb: str, queries: list[str]) -> list[float]:
-    """Sequential MCP `search` calls over streamable HTTP; milliseconds per call."""
-    import asyncio
-
-    from mcp import ClientSession
-    from mcp.client.streamable_http import streamablehttp_client
-
-    async def go() -> list[float]:
-        out = []
-        headers = {"Authorization": f"Bearer {api_key}"}
-        async with (
-            streamablehttp_client(f"{server}/mcp", headers=headers) as (read, write, _),
-            ClientSession(read, write) as session,
-        ):
-            await session.initialize()
-            for query in queries:
-                started = time.perf_counter()
-                await session.call_tool("search", {"query": query, "kb_ids": [kb]})
-                out.append((time.perf_counter() - started) * 1000)
-        return out
-
-    return asyncio.run(go())
-
-
 def main(settings: Settings, server: str, api_key: str, quick: bool) -> Path:
     console = Console()
     bench = Bench(settings, server, api_key, quick, console)
@@ -385,10 +394,16 @@ def main(settings: Settings, server: str, api_key: str, quick: bool) -> Path:
         bench.results["seconds"] = round(time.monotonic() - started, 1)
         path.write_text(json.dumps(bench.results, indent=2))
 
-    kb, files = bench.ingest_figures(docs)
-    save()
-    bench.reingest_figures(kb, files)
-    save()
+    workers = os.cpu_count() or 1
+    try:
+        kb, files = bench.ingest_figures(docs, workers)
+        save()
+        bench.reingest_figures(kb, files)
+        save()
+        bench.scaling_figures(files[: SUBSET_QUICK if quick else SUBSET], workers)
+        save()
+    finally:
+        restart_worker(settings.celery.worker_concurrency)
     sample = list(query_texts.values())[: 40 if quick else 300]
     bench.latency_figures(kb, sample, server, api_key)
     save()

@@ -1,0 +1,74 @@
+"""Baselines measured in the bench's own run: the raw model in N processes, and a worker of N processes.
+
+The raw model runs the same encoder class with the same settings as the workers (batch encode,
+no queue, no OpenSearch), in as many processes as the worker has, all started together: the
+pipeline's ratio then compares like with like on the same cores.
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+import subprocess
+import time
+from typing import Any
+
+import redis
+
+from shared.config import REPO_ROOT, Settings
+from shared.embedding import encoder
+
+STACK = REPO_ROOT / "deploy" / "local" / "stack.sh"
+EMBED_CACHE = "ragline:emb:*"
+
+
+def _encode_share(settings: Settings, texts: list[str], start: Any, out: Any) -> None:
+    model = encoder(settings.embedding)
+    model.encode(texts[:8])  # load and warm up before the clock starts
+    start.wait()
+    began = time.time()
+    model.encode(texts)
+    out.put((began, time.time(), len(texts)))
+
+
+def raw_model(settings: Settings, texts: list[str], processes: int) -> dict[str, float]:
+    """Chunks/s of the bare encoder over `texts`, split across `processes` processes started together."""
+    context = multiprocessing.get_context("spawn")  # a clean interpreter, as a worker process has
+    start, out = context.Barrier(processes), context.Queue()
+    shares = [texts[i::processes] for i in range(processes)]
+    workers = [context.Process(target=_encode_share, args=(settings, s, start, out)) for s in shares]
+    for worker in workers:
+        worker.start()
+    spans = [out.get(timeout=3600) for _ in workers]
+    for worker in workers:
+        worker.join()
+    seconds = max(end for _, end, _ in spans) - min(began for began, _, _ in spans)
+    return {
+        "processes": processes,
+        "chunks": len(texts),
+        "seconds": round(seconds, 2),
+        "chunks_per_s": round(len(texts) / seconds, 2),
+    }
+
+
+def restart_worker(concurrency: int) -> None:
+    """The local stack's worker again, with `concurrency` processes (its configuration otherwise)."""
+    env = {**os.environ, "RAGLINE_CELERY__WORKER_CONCURRENCY": str(concurrency)}
+    for action in ("down", "up"):
+        subprocess.run(["bash", str(STACK), action, "worker"], check=True, env=env, capture_output=True)
+
+
+def forget_embeddings(settings: Settings) -> int:
+    """Empty the embedding cache, so that every ingest run embeds its chunks for real."""
+    client = redis.Redis.from_url(settings.redis.url)
+    removed = 0
+    batch: list[bytes] = []
+    for key in client.scan_iter(match=EMBED_CACHE, count=1000):
+        batch.append(key)
+        if len(batch) == 1000:
+            removed += int(client.delete(*batch))
+            batch = []
+    if batch:
+        removed += int(client.delete(*batch))
+    client.close()
+    return removed
