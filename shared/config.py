@@ -8,6 +8,7 @@ then the defaults below.
 from __future__ import annotations
 
 import os
+import re
 from functools import lru_cache
 from pathlib import Path
 from typing import Any, Literal
@@ -29,6 +30,8 @@ from pydantic_settings import (
     YamlConfigSettingsSource,
 )
 
+from shared.models import Stage
+
 ENV_PREFIX = "RAGLINE_"
 ENV_NESTED_DELIMITER = "__"
 CONFIG_FILE_ENV = "RAGLINE_CONFIG"
@@ -48,7 +51,10 @@ class _Section(BaseModel):
 class OpenSearchSettings(_Section):
     """Where the OpenSearch cluster is and how Ragline's indexes are laid out."""
 
-    url: str = Field("http://127.0.0.1:9200", description="OpenSearch base URL (http or https).")
+    url: str = Field(
+        "http://127.0.0.1:9200",
+        description="OpenSearch base URL (http or https); a cluster's nodes as a comma-separated list.",
+    )
     username: str | None = Field(None, description="Basic-auth user, if the cluster has security on.")
     password: SecretStr | None = Field(None, description="Basic-auth password.")
     verify_certs: bool = Field(True, description="Verify TLS certificates for https URLs.")
@@ -70,9 +76,15 @@ class OpenSearchSettings(_Section):
     @field_validator("url")
     @classmethod
     def _http_url(cls, value: str) -> str:
-        if not value.startswith(("http://", "https://")):
-            raise ValueError("must be an http:// or https:// URL")
-        return value.rstrip("/")
+        urls = [part.strip().rstrip("/") for part in value.split(",")]
+        if not all(url.startswith(("http://", "https://")) for url in urls):
+            raise ValueError("must be an http:// or https:// URL, or a comma-separated list of them")
+        return ",".join(urls)
+
+    @property
+    def urls(self) -> list[str]:
+        """The nodes the client may send requests to (it moves on to the next when one is down)."""
+        return self.url.split(",")
 
 
 class RedisSettings(_Section):
@@ -122,8 +134,22 @@ class CelerySettings(_Section):
     queues: list[str] = Field(
         default_factory=lambda: ["interactive", "bulk"],
         min_length=1,
-        description="Queues a worker serves, highest priority first.",
+        description="Document queues, highest priority first; workers serve them and their stage queues.",
     )
+    stage_queues: dict[Stage, str] = Field(
+        default_factory=dict,
+        description="Queue of a pipeline stage instead of the document's queue, by stage; '{queue}' "
+        'stands for the document\'s queue, e.g. {"embed": "{queue}-embed"} for separate embed workers.',
+    )
+
+    @field_validator("stage_queues")
+    @classmethod
+    def _queue_names(cls, value: dict[Stage, str]) -> dict[Stage, str]:
+        for stage, name in value.items():
+            if not re.fullmatch(r"[A-Za-z0-9_.-]+", name.replace("{queue}", "q")):
+                allowed = "letters, digits, '_', '.', '-' and '{queue}'"
+                raise ValueError(f"{stage.value}: '{name}' is not a queue name ({allowed})")
+        return value
 
     @field_validator("time_limit_s")
     @classmethod

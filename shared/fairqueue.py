@@ -15,7 +15,7 @@ from celery import Celery
 
 from shared import tracing
 from shared.config import Settings
-from shared.queue import enqueue
+from shared.queue import enqueue, lane_queues, stage_queue
 
 LANES = "ragline:fair:lanes"  # set of lane keys with waiting work
 PENDING = "ragline:fair:pending"  # hash: tenant -> documents waiting in its lanes
@@ -56,8 +56,12 @@ def pending(client: redis.Redis, tenant_id: str) -> int:
 
 
 def feed(client: redis.Redis, sender: Celery, settings: Settings, depth: int) -> int:
-    """Top the bulk queue up to `depth` tasks, one document per lane in turn; returns how many moved."""
-    room = depth - int(client.llen(BULK_QUEUE))
+    """Top the bulk queue up to `depth` tasks, one document per lane in turn; returns how many moved.
+
+    Stages routed to queues of their own (celery.stage_queues) count too: admitted work is bounded
+    wherever it waits.
+    """
+    room = depth - sum(int(client.llen(name)) for name in lane_queues(settings, BULK_QUEUE))
     moved = 0
     pop = client.register_script(_POP)
     while room > 0:
@@ -74,12 +78,13 @@ def feed(client: redis.Redis, sender: Celery, settings: Settings, depth: int) ->
             if raw is None:
                 continue
             item = json.loads(raw)
+            queue = stage_queue(settings, BULK_QUEUE, item["kwargs"]["stage"])
             enqueue(
                 sender,
                 settings,
                 item["task"],
                 kwargs=item["kwargs"],
-                queue=BULK_QUEUE,
+                queue=queue,
                 headers=item.get("headers"),
             )
             moved += 1

@@ -21,7 +21,7 @@ from shared.blobs import BlobStore
 from shared.config import Settings
 from shared.errors import ErrorCode, RaglineError
 from shared.models import DocStatus, Document, Outcome, Stage, safe_doc_id, utcnow
-from shared.queue import enqueue
+from shared.queue import enqueue, stage_queue
 from shared.registry import Conflict, Registry, Versioned
 from shared.search.chunks import delete_generations
 from shared.search.placement import write_aliases
@@ -237,7 +237,8 @@ class Ingestor:
             if doc.queue == fairqueue.BULK_QUEUE:
                 fairqueue.push(self.broker, doc.tenant_id, doc.kb_id, STAGE_TASK, ref.as_kwargs())
             else:
-                enqueue(self.sender, self.settings, STAGE_TASK, kwargs=ref.as_kwargs(), queue=doc.queue)
+                queue = stage_queue(self.settings, doc.queue, ref.stage)
+                enqueue(self.sender, self.settings, STAGE_TASK, kwargs=ref.as_kwargs(), queue=queue)
         except Exception:  # noqa: BLE001  (broker down, any error type: the reconciler re-sends)
             log.warning("enqueue failed for %s/%s; the reconciler will retry", doc.kb_id, doc.doc_id)
             hand_to_reconciler(self.registry, ref)

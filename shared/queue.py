@@ -9,6 +9,7 @@ from celery.result import AsyncResult
 
 from shared import tracing
 from shared.config import Settings
+from shared.models import PIPELINE, Stage
 
 
 def broker_client(settings: Settings) -> Celery:
@@ -17,6 +18,33 @@ def broker_client(settings: Settings) -> Celery:
     app.conf.broker_transport_options = {"visibility_timeout": settings.celery.visibility_timeout_s}
     app.conf.broker_connection_retry_on_startup = True
     return app
+
+
+def stage_queue(settings: Settings, queue: str, stage: str) -> str:
+    """Where a stage of a document in `queue` is sent: the document's queue unless the stage has its own.
+
+    The one place that routes stages, so that workers can specialise (parse-heavy, embed-heavy).
+    """
+    template = settings.celery.stage_queues.get(Stage(stage))
+    return template.replace("{queue}", queue) if template else queue
+
+
+def lane_queues(settings: Settings, queue: str) -> list[str]:
+    """A document queue and the stage queues its documents pass through, in pipeline order."""
+    names = [queue]
+    for stage in PIPELINE:
+        name = stage_queue(settings, queue, stage)
+        if name not in names:
+            names.append(name)
+    return names
+
+
+def all_queues(settings: Settings) -> list[str]:
+    """Every queue a worker may serve, highest priority first (each document queue, then its stages)."""
+    names: list[str] = []
+    for queue in settings.celery.queues:
+        names += [name for name in lane_queues(settings, queue) if name not in names]
+    return names
 
 
 def enqueue(

@@ -10,6 +10,7 @@ from kombu import Queue
 
 from shared import logs
 from shared.config import Settings, get_settings
+from shared.queue import all_queues
 
 
 def celery_config(settings: Settings) -> dict[str, Any]:
@@ -41,7 +42,7 @@ def celery_config(settings: Settings) -> dict[str, Any]:
         "broker_connection_retry_on_startup": True,
         "task_soft_time_limit": celery.soft_time_limit_s,
         "task_time_limit": celery.time_limit_s,
-        "task_queues": [Queue(name) for name in celery.queues],
+        "task_queues": [Queue(name) for name in all_queues(settings)],
         "task_default_queue": celery.queues[-1],
         "worker_concurrency": celery.worker_concurrency,
         "worker_hijack_root_logger": False,

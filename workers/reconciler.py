@@ -16,7 +16,7 @@ from typing import Any
 
 from shared.ingest import QUEUE_LEASE, STAGE_TASK, StageRef
 from shared.models import DocStatus, Document, Stage, utcnow
-from shared.queue import enqueue
+from shared.queue import enqueue, stage_queue
 from shared.registry import Conflict, Versioned
 from workers.context import WorkerContext
 
@@ -38,7 +38,8 @@ def _resend(ctx: WorkerContext, found: Versioned) -> bool:
     except Conflict:
         return False
     ref = StageRef(doc.tenant_id, doc.kb_id, doc.doc_id, doc.content_version, stage)
-    enqueue(ctx.sender, ctx.settings, STAGE_TASK, kwargs=ref.as_kwargs(), queue=doc.queue)
+    queue = stage_queue(ctx.settings, doc.queue, stage)
+    enqueue(ctx.sender, ctx.settings, STAGE_TASK, kwargs=ref.as_kwargs(), queue=queue)
     return True
 
 

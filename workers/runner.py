@@ -30,7 +30,7 @@ from shared import tracing
 from shared.errors import ErrorCode, RaglineError, TransientError
 from shared.ingest import QUEUE_LEASE, STAGE_TASK, StageRef
 from shared.models import PIPELINE, STAGE_STATUS, DocStatus, Document, ErrorInfo, Stage, utcnow
-from shared.queue import enqueue
+from shared.queue import enqueue, stage_queue
 from shared.registry import Conflict, Versioned
 from shared.stage_metrics import record_stage
 from workers import metrics
@@ -356,6 +356,7 @@ def _advance(
 
 def _send(ctx: WorkerContext, ref: StageRef, queue: str) -> None:
     try:
-        enqueue(ctx.sender, ctx.settings, STAGE_TASK, kwargs=ref.as_kwargs(), queue=queue)
+        routed = stage_queue(ctx.settings, queue, ref.stage)
+        enqueue(ctx.sender, ctx.settings, STAGE_TASK, kwargs=ref.as_kwargs(), queue=routed)
     except Exception:  # noqa: BLE001  (broker unreachable: the reconciler re-sends after the lease)
         log.warning("enqueue of %s failed for %s/%s", ref.stage, ref.kb_id, ref.doc_id)

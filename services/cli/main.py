@@ -13,6 +13,7 @@ import typer
 
 from services.cli import remote_commands
 from shared.config import REPO_ROOT, ConfigError, Settings, get_settings
+from shared.queue import all_queues
 
 app = typer.Typer(
     name="ragline",
@@ -67,7 +68,7 @@ def status(services: Services = None) -> None:
 def worker(
     name: Annotated[str, typer.Option(help="Node name prefix of this worker.")] = "worker",
     queues: Annotated[
-        str | None, typer.Option(help="Comma-separated queues, highest priority first.")
+        str | None, typer.Option(help="Comma-separated queues, highest priority first (default: all).")
     ] = None,
     concurrency: Annotated[int | None, typer.Option(min=1, help="Worker processes.")] = None,
     loglevel: Annotated[str | None, typer.Option(help="Log level (default: RAGLINE_LOG_LEVEL).")] = None,
@@ -75,6 +76,12 @@ def worker(
 ) -> None:
     """Run a Celery worker of the ingestion pipeline in the foreground."""
     settings = _settings()
+    known = all_queues(settings)
+    served = queues.split(",") if queues else known
+    unknown = sorted(set(served) - set(known))
+    if unknown:
+        typer.echo(f"unknown queue(s) {', '.join(unknown)}; configured: {', '.join(known)}", err=True)
+        raise typer.Exit(2)
     # Exec Celery on the worker app by name: services never import worker code.
     argv = [
         sys.executable,
@@ -83,7 +90,7 @@ def worker(
         "--app=workers.celery_app:app",
         "worker",
         f"--hostname={name}@%h",
-        f"--queues={queues or ','.join(settings.celery.queues)}",
+        f"--queues={','.join(served)}",
         f"--concurrency={concurrency or settings.celery.worker_concurrency}",
         f"--loglevel={loglevel or settings.log_level}",
         "--without-gossip",

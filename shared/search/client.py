@@ -13,7 +13,7 @@ def build_client(settings: OpenSearchSettings) -> OpenSearch:
     if settings.username is not None and settings.password is not None:
         auth = (settings.username, settings.password.get_secret_value())
     return OpenSearch(
-        hosts=[settings.url],
+        hosts=settings.urls,
         http_auth=auth,
         verify_certs=settings.verify_certs,
         timeout=settings.timeout_s,
