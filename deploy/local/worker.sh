@@ -1,14 +1,27 @@
 #!/usr/bin/env bash
-# Runs one Celery worker of Ragline in the background.
-# Usage: worker.sh start|stop|status [NAME]   (NAME defaults to "worker"; queues from RAGLINE_CELERY__QUEUES)
+# Runs Celery workers of Ragline in the background, each with its own pid file and log.
+# Usage: worker.sh start|stop|status [NAME]
+#   Without NAME: every worker of RAGLINE_WORKERS, else one named "worker" on every queue
+#   (stop also stops any other worker*.pid of the state dir, left from an earlier configuration).
+# RAGLINE_WORKERS: named workers and their queues, "NAME=QUEUE,QUEUE NAME=QUEUE" (names start with
+#   "worker"); a worker not named there serves every queue. E.g. parse-heavy and embed-heavy workers:
+#   RAGLINE_CELERY__STAGE_QUEUES='{"embed":"{queue}-embed","store":"{queue}-embed"}'
+#   RAGLINE_WORKERS="worker-parse=interactive,bulk worker-embed=interactive-embed,bulk-embed"
 # Metrics: RAGLINE_METRICS__WORKER_PORT when set; else the default worker serves them on the API port
 # + 1000 (so parallel local stacks, each with its own API port, never collide) and others serve none.
 set -euo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 
-NAME=${2:-worker}
-PIDFILE=$STATE_DIR/$NAME.pid
-LOG=$LOG_DIR/$NAME.log
+# RAGLINE_WORKERS as NAME=QUEUES lines
+worker_specs() { tr -s ' ' '\n' <<<"${RAGLINE_WORKERS:-}" | grep -v '^$' || true; }
+
+select_worker() { # NAME
+  NAME=$1
+  [[ $NAME =~ ^worker[A-Za-z0-9_-]*$ ]] || die "worker name '$NAME' must start with 'worker' (then letters, digits, _ or -)"
+  PIDFILE=$STATE_DIR/$NAME.pid
+  LOG=$LOG_DIR/$NAME.log
+  QUEUES=$(worker_specs | sed -n "s/^$NAME=//p" | head -n1)
+}
 
 # Celery's "<name>@<host> ready." line, as plain text or inside a JSON log line.
 ready() { grep -qE ' ready\.("|$)' "$LOG"; }
@@ -36,11 +49,11 @@ start() {
   local port
   port=$(metrics_port)
   (cd "$REPO_ROOT" && RAGLINE_METRICS__WORKER_PORT=$port exec setsid "$VENV/bin/ragline" worker \
-    --name "$NAME" --pidfile "$PIDFILE") >>"$LOG" 2>&1 </dev/null &
+    --name "$NAME" --pidfile "$PIDFILE" ${QUEUES:+--queues "$QUEUES"}) >>"$LOG" 2>&1 </dev/null &
   wait_until 180 "$NAME" "$LOG" ready
   local metrics="metrics off"
   [ "$port" = 0 ] || metrics="metrics http://127.0.0.1:$port/metrics"
-  say "$NAME: ready (pid $(cat "$PIDFILE"), log $LOG, $metrics)"
+  say "$NAME: ready (pid $(cat "$PIDFILE"), log $LOG, $metrics${QUEUES:+, queues $QUEUES})"
 }
 
 stop() { stop_pidfile "$PIDFILE" "$NAME" 60; }
@@ -54,4 +67,28 @@ status() {
   fi
 }
 
-"${1:?usage: worker.sh start|stop|status [NAME]}"
+action=${1:?usage: worker.sh start|stop|status [NAME]}
+case "$action" in start | stop | status) ;; *) die "unknown command '$action' (start, stop, status)" ;; esac
+if [ -n "${2:-}" ]; then
+  names=("$2")
+else
+  mapfile -t names < <(worker_specs | cut -d= -f1)
+  [ ${#names[@]} -gt 0 ] || names=(worker)
+  if [ "$action" = stop ]; then
+    for pidfile in "$STATE_DIR"/worker*.pid; do
+      [ -e "$pidfile" ] || continue
+      name=$(basename "$pidfile" .pid)
+      [[ " ${names[*]} " == *" $name "* ]] || names+=("$name")
+    done
+  fi
+fi
+rc=0
+for name in "${names[@]}"; do
+  select_worker "$name"
+  if [ "$action" = status ]; then
+    status || rc=3
+  else
+    "$action" # a failed start stops here (errexit), as for a single worker
+  fi
+done
+exit $rc
