@@ -26,6 +26,7 @@ from prometheus_client import REGISTRY, CollectorRegistry, Counter, Histogram, s
 from prometheus_client.multiprocess import MultiProcessCollector
 
 from shared.config import Settings
+from shared.queue import all_queues
 from shared.queue_metrics import QueueDepthCollector
 
 log = logging.getLogger(__name__)
@@ -109,7 +110,7 @@ def scrape_registry(settings: Settings) -> CollectorRegistry:
         MultiProcessCollector(registry)  # type: ignore[no-untyped-call]
     else:
         registry = REGISTRY
-    registry.register(QueueDepthCollector(redis.Redis.from_url(settings.redis.url), settings.celery.queues))
+    registry.register(QueueDepthCollector(redis.Redis.from_url(settings.redis.url), all_queues(settings)))
     return registry
 
 

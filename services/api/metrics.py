@@ -18,6 +18,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from services.api.state import AppState
+from shared.queue import all_queues
 from shared.queue_metrics import QueueDepthCollector
 from shared.stage_metrics import read_stage_histograms
 
@@ -73,7 +74,7 @@ class Metrics:
             buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10),
         )
         self.registry.register(LiveCollector(state))
-        self.registry.register(QueueDepthCollector(state.redis, state.settings.celery.queues))
+        self.registry.register(QueueDepthCollector(state.redis, all_queues(state.settings)))
 
     async def middleware(
         self, request: Request, call_next: Callable[[Request], Awaitable[Response]]
