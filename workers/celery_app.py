@@ -12,6 +12,8 @@ from shared import logs
 from shared.config import Settings, get_settings
 from shared.queue import all_queues
 
+POOL_PROCESS_START_S = 300.0
+
 
 def celery_config(settings: Settings) -> dict[str, Any]:
     """Celery settings derived from Ragline's settings."""
@@ -39,6 +41,10 @@ def celery_config(settings: Settings) -> dict[str, Any]:
         },
         "result_backend_transport_options": {"visibility_timeout": celery.visibility_timeout_s},
         "worker_cancel_long_running_tasks_on_connection_loss": True,
+        # A pool process loads its models before it reports up (workers/tasks.py _warm_up); on a
+        # busy host that outlasts Celery's 4 s default, and a pool process replaced after a broker
+        # outage was then killed and respawned forever.
+        "worker_proc_alive_timeout": POOL_PROCESS_START_S,
         "broker_connection_retry_on_startup": True,
         "task_soft_time_limit": celery.soft_time_limit_s,
         "task_time_limit": celery.time_limit_s,

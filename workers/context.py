@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 from functools import lru_cache
 
@@ -40,3 +41,9 @@ def worker_context() -> WorkerContext:
         sender=broker_client(settings),
         redis=redis.Redis.from_url(settings.redis.url),
     )
+
+
+# A pool process forked after the main process built its context (Celery replaces a pool process
+# after a broker outage, for instance) would inherit its OpenSearch sockets: two processes on one
+# connection read each other's responses. Every forked child builds its own.
+os.register_at_fork(after_in_child=worker_context.cache_clear)

@@ -27,19 +27,18 @@ from opensearchpy.exceptions import TransportError
 from redis.exceptions import RedisError
 
 from shared import tracing
-from shared.errors import ErrorCode, RaglineError, TransientError
-from shared.ingest import QUEUE_LEASE, STAGE_TASK, StageRef
+from shared.errors import ErrorCode, OutageError, RaglineError, TransientError
+from shared.ingest import QUEUE_LEASE, STAGE_TASK, StageRef, hand_to_reconciler
 from shared.models import PIPELINE, STAGE_STATUS, DocStatus, Document, ErrorInfo, Stage, utcnow
 from shared.queue import enqueue, stage_queue
 from shared.registry import Conflict, Versioned
 from shared.stage_metrics import record_stage
 from workers import metrics
 from workers.context import WorkerContext
+from workers.lease import LeaseKeeper
 
 log = logging.getLogger(__name__)
 
-# Longer than the slowest stage (parse time limit + margin); the reconciler takes over after it.
-STAGE_LEASE = timedelta(minutes=5)
 PEER_DOCS = 31  # documents taken along by a batched stage, besides its own
 BATCHED_STAGES = frozenset({Stage.EMBED})
 MAX_TRANSITIONS = 64
@@ -66,11 +65,27 @@ class Done(Exception):
 
 
 class Retry(Exception):
-    """Raised to the task wrapper: send this stage again after `countdown` seconds."""
+    """Raised to the task wrapper: send this stage again after `countdown` seconds.
 
-    def __init__(self, countdown: float) -> None:
+    An uncounted retry (a backing service is down) does not use up the task's retries.
+    """
+
+    def __init__(self, countdown: float, *, counted: bool = True) -> None:
         super().__init__(f"retry in {countdown:.1f}s")
         self.countdown = countdown
+        self.counted = counted
+
+
+def is_outage(error: BaseException) -> bool:
+    """True when a backing service is unreachable or overloaded, not when a document is bad."""
+    if isinstance(error, OutageError | OpenSearchConnectionError | RedisError):
+        return True
+    return isinstance(error, TransportError) and error.status_code in (429, 502, 503, 504)
+
+
+def outage_countdown() -> float:
+    """Seconds before a stage blocked by an outage tries again: short, jittered, never used up."""
+    return random.uniform(2.0, 10.0)  # noqa: S311  (jitter, not security)
 
 
 def _ref_fields(ref: StageRef) -> dict[str, Any]:
@@ -135,11 +150,15 @@ def _claim(ctx: WorkerContext, ref: StageRef, attempt_limit: int) -> Versioned |
         _record(doc, STAGE_STATUS[ref.stage])
     doc.stage = ref.stage
     doc.claimed_by = WORKER_ID
-    doc.lease_until = now + STAGE_LEASE
+    doc.lease_until = now + stage_lease(ctx)
     try:
         return ctx.registry.replace_doc(current, doc)
     except Conflict:
         return None  # another worker claimed it first
+
+
+def stage_lease(ctx: WorkerContext) -> timedelta:
+    return timedelta(seconds=ctx.settings.celery.stage_lease_s)
 
 
 def _fail(doc: Document, stage: Stage, error: RaglineError, previous: ErrorInfo | None = None) -> None:
@@ -185,12 +204,18 @@ def run_stage(
     if batch_fn is not None:
         items += _claim_peers(ctx, ref, celery.max_retries + 1, traces)
     started = time.perf_counter()
-    try:
-        inputs = [(c.doc, _load_input(ctx, r, c.doc)) for r, c in items]
-        results = batch_fn(ctx, inputs) if batch_fn is not None else [fn(ctx, claimed.doc, inputs[0][1])]
-    except Exception as error:  # noqa: BLE001  (every failure is classified; none escapes untyped)
-        failure = classify(ref, error)
-        outcome = "retry" if failure.retryable and retries_done < celery.max_retries else "failed"
+    produced: list[StageResult | RaglineError] | Exception
+    with LeaseKeeper(ctx.registry, [c for _, c in items], stage_lease(ctx)) as keeper:
+        try:
+            inputs = [(c.doc, _load_input(ctx, r, c.doc)) for r, c in items]
+            produced = batch_fn(ctx, inputs) if batch_fn is not None else [fn(ctx, claimed.doc, inputs[0][1])]
+        except Exception as error:  # noqa: BLE001  (every failure is classified; none escapes untyped)
+            produced = error
+    items = [(r, c) for (r, _), c in zip(items, keeper.claims(), strict=True)]
+    if isinstance(produced, Exception):
+        failure = classify(ref, produced)
+        retrying = isinstance(failure, OutageError) or retries_done < celery.max_retries
+        outcome = "retry" if failure.retryable and retrying else "failed"
         for _ in items:
             metrics.stage_observed(ref.stage.value, outcome, (time.perf_counter() - started) / len(items))
         if failure.retryable:
@@ -198,6 +223,7 @@ def run_stage(
         for item_ref, _ in items:
             _finish_failed(ctx, item_ref, failure)
         return
+    results = produced
     elapsed = time.perf_counter() - started
     weights = [max(1, c.doc.chunk_count) for _, c in items]
     for (item_ref, item_claim), result, weight in zip(items, results, weights, strict=True):
@@ -215,10 +241,12 @@ def classify(ref: StageRef, error: Exception) -> RaglineError:
         return error
     if isinstance(error, SoftTimeLimitExceeded):
         return RaglineError(f"the {ref.stage} stage ran out of time", code=ErrorCode.TIMEOUT)
-    if isinstance(error, OpenSearchConnectionError | RedisError | OSError):
-        return TransientError(f"a backing service is unavailable ({type(error).__name__})")
-    if isinstance(error, TransportError) and error.status_code in (429, 502, 503, 504):
-        return TransientError(f"OpenSearch is overloaded ({error.status_code})")
+    if isinstance(error, TransportError) and is_outage(error):
+        return OutageError(f"OpenSearch is unavailable or overloaded ({error.status_code})")
+    if is_outage(error):
+        return OutageError(f"a backing service is unavailable ({type(error).__name__})")
+    if isinstance(error, OSError):
+        return TransientError(f"a file operation failed ({type(error).__name__})")
     # A bug or an unexpected library failure: retried (bounded), logged with its traceback here,
     # and reported to the user without one.
     log.exception("unexpected error in %s for %s/%s", ref.stage, ref.kb_id, ref.doc_id, exc_info=error)
@@ -230,7 +258,10 @@ def classify(ref: StageRef, error: Exception) -> RaglineError:
 def _retry_or_fail(
     ctx: WorkerContext, items: list[tuple[StageRef, Versioned]], error: RaglineError, retries_done: int
 ) -> NoReturn:
-    """Release every claimed document; retry the task's own document later, or fail it for good."""
+    """Release every claimed document; retry the task's own document later, or fail it for good.
+
+    An outage is waited out without limit: the document is fine, its backing service is not.
+    """
     celery = ctx.settings.celery
     (own_ref, own), peers = items[0], items[1:]
     _release_for_retry(ctx, own_ref, own, error)
@@ -238,6 +269,9 @@ def _retry_or_fail(
         # A peer's own task may have come and gone while this one held it: send it again.
         _release_for_retry(ctx, peer_ref, peer, error)
         _send(ctx, peer_ref, peer.doc.queue)
+    if isinstance(error, OutageError):
+        metrics.retried(own_ref.stage.value, error.code.value)
+        raise Retry(outage_countdown(), counted=False)
     if retries_done >= celery.max_retries:
         _finish_failed(ctx, own_ref, RaglineError(error.message, code=ErrorCode.RETRIES_EXHAUSTED))
         raise Done
@@ -286,6 +320,8 @@ def _peer_span(
 def _release_for_retry(ctx: WorkerContext, ref: StageRef, claimed: Versioned, error: RaglineError) -> None:
     doc = claimed.doc
     doc.error = ErrorInfo(code=error.code.value, stage=ref.stage.value, message=error.message, retryable=True)
+    # A clean release is not a lost claim: only claims whose worker died count towards the limit.
+    doc.attempts = max(0, doc.attempts - 1)
     doc.claimed_by = None
     doc.lease_until = utcnow() + QUEUE_LEASE
     with contextlib.suppress(Conflict):  # superseded meanwhile: nothing of ours to release
@@ -358,5 +394,6 @@ def _send(ctx: WorkerContext, ref: StageRef, queue: str) -> None:
     try:
         routed = stage_queue(ctx.settings, queue, ref.stage)
         enqueue(ctx.sender, ctx.settings, STAGE_TASK, kwargs=ref.as_kwargs(), queue=routed)
-    except Exception:  # noqa: BLE001  (broker unreachable: the reconciler re-sends after the lease)
+    except Exception:  # noqa: BLE001  (broker unreachable: the reconciler sends it again)
         log.warning("enqueue of %s failed for %s/%s", ref.stage, ref.kb_id, ref.doc_id)
+        hand_to_reconciler(ctx.registry, ref)

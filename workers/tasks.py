@@ -15,12 +15,13 @@ from shared.catalog import REEMBED_TASK
 from shared.config import get_settings
 from shared.ingest import STAGE_TASK, StageRef
 from shared.models import Stage
+from shared.queue import enqueue
 from workers import leader, metrics
 from workers.context import worker_context
 from workers.pipeline import BATCH_FUNCTIONS, STAGE_FUNCTIONS
 from workers.reconciler import reconcile_once
 from workers.reembed import reembed
-from workers.runner import Done, Retry, run_stage
+from workers.runner import Done, Retry, is_outage, outage_countdown, run_stage
 from workers.warmup import warm_up
 
 
@@ -94,7 +95,21 @@ def stage(
         except Done:
             return
         except Retry as retry:
-            raise self.retry(countdown=retry.countdown) from None
+            if retry.counted:
+                raise self.retry(countdown=retry.countdown) from None
+            _send_later(self, ref, retry.countdown)
+        except Exception as error:
+            if not is_outage(error):
+                raise
+            # The registry or broker itself is unreachable, before or after the stage's own work:
+            # nothing could be recorded, so the same delivery simply comes back later.
+            _send_later(self, ref, outage_countdown())
+
+
+def _send_later(task: Task[Any, Any], ref: StageRef, countdown: float) -> None:
+    """A fresh send rather than a Celery retry: waiting out an outage uses up no retries."""
+    queue = (task.request.delivery_info or {}).get("routing_key") or fairqueue.BULK_QUEUE
+    enqueue(task.app, get_settings(), STAGE_TASK, kwargs=ref.as_kwargs(), queue=queue, countdown=countdown)
 
 
 @shared_task(name=REEMBED_TASK, ignore_result=True, soft_time_limit=6 * 3600, time_limit=6 * 3600 + 60)

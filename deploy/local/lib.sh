@@ -15,10 +15,18 @@ pid_running() {
   local pidfile=$1 pid
   [ -f "$pidfile" ] || return 1
   pid=$(cat "$pidfile" 2>/dev/null || true)
-  if [ -n "$pid" ] && kill -0 "$pid" 2>/dev/null; then
+  if [ -n "$pid" ] && kill -0 "$pid" 2>/dev/null && ! zombie "$pid"; then
     return 0
   fi
   rm -f "$pidfile"
+  return 1
+}
+
+# zombie PID: true for a process that died but is not reaped yet (kill -0 still finds it).
+zombie() {
+  case "$(ps -o stat= -p "$1" 2>/dev/null)" in
+    Z*) return 0 ;;
+  esac
   return 1
 }
 

@@ -19,6 +19,8 @@ def test_reliability_settings() -> None:
     assert config["task_time_limit"] == 900
     assert config["task_soft_time_limit"] == 800
     assert config["accept_content"] == ["json"]
+    # Pool processes load their models before reporting up: Celery's 4 s default killed them.
+    assert config["worker_proc_alive_timeout"] >= 60
     assert [queue.name for queue in config["task_queues"]] == ["interactive", "bulk"]
 
 
