@@ -3,7 +3,7 @@ SHELL := /bin/bash
 VENV ?= .venv
 STACK := bash deploy/local/stack.sh
 
-.PHONY: install up demo down status test bench bench-quick lint format clean-state
+.PHONY: install up demo down status test soak bench bench-quick lint format clean-state
 
 install:  ## venv, Python packages, Debian packages and OpenSearch artifacts (idempotent)
 	@bash deploy/local/setup.sh
@@ -22,6 +22,10 @@ status:  ## report each local service
 
 test: install  ## ruff, mypy --strict and pytest (unit, integration, e2e) against the real stack
 	@bash deploy/local/test.sh
+
+soak: install  ## the fault-injection tests with 1,000 documents and three rounds of each fault
+	@RAGLINE_SOAK_DOCS=$${RAGLINE_SOAK_DOCS:-1000} RAGLINE_SOAK_ROUNDS=$${RAGLINE_SOAK_ROUNDS:-3} \
+		bash deploy/local/test.sh -s tests/integration/test_faults.py
 
 bench: up  ## throughput, latency, quality and memory vs baselines -> bench/results/
 	@$(VENV)/bin/ragline bench

@@ -51,3 +51,46 @@ def chunks_of(
         body={"size": 1000, "query": {"bool": {"filter": filters}}, "sort": [{"chunk_idx": "asc"}]},
     )
     return [hit["_source"] for hit in response["hits"]["hits"]]
+
+
+def mismatched_chunk_sets(
+    opensearch: OpenSearch, settings: Settings, kb: tuple[str | None, str], expected: dict[str, int]
+) -> list[str]:
+    """Documents whose indexed chunks are not exactly one set of `expected[doc_id]` chunks.
+
+    A duplicate delivery, a half-written retry or a leftover old generation all show up here;
+    so does a ready document missing from the index, or an indexed one that is not expected.
+    `kb` is (tenant, kb id); a test that knows only a unique KB id passes no tenant.
+    """
+    tenant_id, kb_id = kb
+    scope: list[dict[str, Any]] = [{"term": {"kb_id": kb_id}}]
+    if tenant_id is not None:
+        scope.append({"term": {"tenant_id": tenant_id}})
+    index = chunks_alias(settings)
+    opensearch.indices.refresh(index=index)
+    response = opensearch.search(
+        index=index,
+        body={
+            "size": 0,
+            "query": {"bool": {"filter": scope}},
+            "aggs": {
+                "docs": {
+                    "terms": {"field": "doc_id", "size": 10_000},
+                    "aggs": {
+                        "generations": {"cardinality": {"field": "generation"}},
+                        "chunks": {"cardinality": {"field": "chunk_idx"}},
+                    },
+                }
+            },
+        },
+    )
+    buckets = {b["key"]: b for b in response["aggregations"]["docs"]["buckets"]}
+    wrong = [
+        doc_id
+        for doc_id, b in buckets.items()
+        if doc_id not in expected
+        or b["doc_count"] != expected[doc_id]
+        or b["generations"]["value"] != 1
+        or b["chunks"]["value"] != b["doc_count"]
+    ]
+    return sorted(wrong + [doc_id for doc_id in expected if doc_id not in buckets])

@@ -1,0 +1,168 @@
+"""Faults survived: workers killed mid-stage, Redis restarted, OpenSearch stopped, during real loads.
+
+Each test loads a few hundred documents, breaks a service with the project's own scripts (or a
+SIGKILL), and checks that every document still ends `ready` with exactly one set of chunks. The
+recovery times are printed. `make soak` runs the same tests with bigger loads and more faults
+(RAGLINE_SOAK_DOCS, RAGLINE_SOAK_ROUNDS).
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Iterator
+from datetime import datetime
+
+import pytest
+from opensearchpy import OpenSearch
+
+from shared.config import Settings
+from shared.ingest import Ingestor
+from shared.models import PIPELINE, STAGE_STATUS, DocStatus, KnowledgeBase, Stage, utcnow
+from shared.registry import Registry
+from tests.integration.helpers import mismatched_chunk_sets, new_kb, wait_terminal
+from tests.integration.stack_control import kill_worker, stack, worker_pid
+
+# A load plus a recovery per fault: far beyond the default per-test timeout on a busy machine.
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(2400)]
+
+DOCS = int(os.environ.get("RAGLINE_SOAK_DOCS", "200"))
+ROUNDS = int(os.environ.get("RAGLINE_SOAK_ROUNDS", "1"))
+TOPICS = ["glaciers", "tax law", "sourdough", "compilers", "beekeeping", "tides", "opera", "rail freight"]
+
+
+def _text(i: int) -> bytes:
+    topic = TOPICS[i % len(TOPICS)]
+    sentence = f"Note {i} on {topic}: entry {i * 7} explains how {topic} changed in year {1900 + i % 120}. "
+    paragraphs = 1 if i % 4 else 12  # every fourth document spans several chunks
+    return "\n\n".join(sentence * 12 for _ in range(paragraphs)).encode()
+
+
+def _load(ingestor: Ingestor, kb: KnowledgeBase, prefix: str) -> list[str]:
+    names = [f"{prefix}-{i:04d}.txt" for i in range(DOCS)]
+    for i, name in enumerate(names):
+        ingestor.submit(kb.tenant_id, kb.kb_id, _text(i), filename=name, queue="bulk")
+    return names
+
+
+def _claimed_at(registry: Registry, kb: KnowledgeBase, stage: Stage) -> list[str]:
+    registry.client.indices.refresh(index=registry.docs)
+    hits = registry.search_docs(
+        {
+            "bool": {
+                "filter": [
+                    {"term": {"tenant_id": kb.tenant_id}},
+                    {"term": {"kb_id": kb.kb_id}},
+                    {"term": {"stage": stage.value}},
+                    {"exists": {"field": "claimed_by"}},
+                ]
+            }
+        },
+        size=100,
+        sort=[{"doc_id": "asc"}],
+    )
+    return [h["_source"]["doc_id"] for h in hits]
+
+
+def _wait_claimed(registry: Registry, kb: KnowledgeBase, stage: Stage, timeout_s: float = 300) -> list[str]:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if found := _claimed_at(registry, kb, stage):
+            return found
+        time.sleep(0.05)
+    pytest.fail(f"no document was claimed at {stage} within {timeout_s}s")
+
+
+def _assert_all_ready_once(
+    registry: Registry, opensearch: OpenSearch, settings: Settings, kb: KnowledgeBase, names: list[str]
+) -> None:
+    docs = wait_terminal(registry, kb, names, timeout_s=900)
+    failed = {d: doc.error for d, doc in docs.items() if doc.status != DocStatus.READY}
+    wrong = mismatched_chunk_sets(
+        opensearch, settings, (kb.tenant_id, kb.kb_id), {d: doc.chunk_count for d, doc in docs.items()}
+    )
+    print(f"documents lost or failed: {len(failed)}; with duplicate or mixed chunks: {len(wrong)}")
+    assert failed == {}
+    assert wrong == []
+
+
+@pytest.fixture
+def stack_restored() -> Iterator[None]:
+    """Whatever a test breaks, the stack is whole again for the tests after it."""
+    yield
+    for service in ("opensearch", "redis", "worker"):
+        stack("up", service)
+
+
+def test_worker_killed_mid_parse_embed_and_store_loses_and_duplicates_nothing(
+    registry: Registry,
+    ingestor: Ingestor,
+    opensearch: OpenSearch,
+    settings: Settings,
+    stack_restored: None,
+) -> None:
+    kb = new_kb(registry, pii_policy="off")
+    started = time.monotonic()
+    names = _load(ingestor, kb, "kill")
+    victims: dict[str, tuple[Stage, datetime]] = {}
+    for _ in range(ROUNDS):
+        for stage in (Stage.PARSE, Stage.EMBED, Stage.STORE):
+            claimed = _wait_claimed(registry, kb, stage)
+            killed = kill_worker(settings)
+            victims.update({doc_id: (stage, utcnow()) for doc_id in claimed})
+            print(f"SIGKILLed worker {killed} holding {len(claimed)} document(s) at {stage}")
+            stack("up", "worker")
+            assert worker_pid(settings) != killed
+    _assert_all_ready_once(registry, opensearch, settings, kb, names)
+    took = time.monotonic() - started
+    print(f"{DOCS} documents, {3 * ROUNDS} kills: all ready {took:.0f} s after the load began")
+    waits = sorted(_recovery_s(registry, kb, doc_id, *victim) for doc_id, victim in victims.items())
+    print(f"kill to the victim's stage done again, seconds: min {waits[0]:.0f}, max {waits[-1]:.0f}")
+
+
+def _recovery_s(registry: Registry, kb: KnowledgeBase, doc_id: str, stage: Stage, killed: datetime) -> float:
+    """Seconds from a kill until its victim got past the stage it was killed in."""
+    later = {STAGE_STATUS[s].value for s in PIPELINE[PIPELINE.index(stage) + 1 :]} | {DocStatus.READY.value}
+    doc = registry.require_doc(kb.tenant_id, kb.kb_id, doc_id).doc
+    passed = [datetime.fromisoformat(t["at"]) for t in doc.transitions if t["status"] in later]
+    return (min(t for t in passed if t > killed) - killed).total_seconds()
+
+
+def test_redis_restarted_mid_load_loses_nothing(
+    registry: Registry,
+    ingestor: Ingestor,
+    opensearch: OpenSearch,
+    settings: Settings,
+    stack_restored: None,
+) -> None:
+    kb = new_kb(registry, pii_policy="off")
+    names = _load(ingestor, kb, "redis")
+    for _ in range(ROUNDS):
+        _wait_claimed(registry, kb, Stage.PARSE)
+        stack("down", "redis")
+        time.sleep(3)  # long enough for every client to notice
+        stack("up", "redis")
+        print("Redis restarted mid-load")
+    back = time.monotonic()
+    _assert_all_ready_once(registry, opensearch, settings, kb, names)
+    print(f"{DOCS} documents all ready {time.monotonic() - back:.0f} s after Redis came back")
+
+
+def test_opensearch_down_for_30_s_mid_load_fails_nothing(
+    registry: Registry,
+    ingestor: Ingestor,
+    opensearch: OpenSearch,
+    settings: Settings,
+    stack_restored: None,
+) -> None:
+    kb = new_kb(registry, pii_policy="off")
+    names = _load(ingestor, kb, "outage")
+    for _ in range(ROUNDS):
+        _wait_claimed(registry, kb, Stage.EMBED)
+        stack("down", "opensearch")
+        time.sleep(30)
+        stack("up", "opensearch")
+        print("OpenSearch stopped for 30 s mid-load and started again")
+    back = time.monotonic()
+    _assert_all_ready_once(registry, opensearch, settings, kb, names)
+    print(f"{DOCS} documents all ready {time.monotonic() - back:.0f} s after OpenSearch came back")
