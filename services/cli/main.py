@@ -191,6 +191,8 @@ def main() -> None:
         "DO_NOT_TRACK": "1",
         "ORT_DISABLE_TELEMETRY": "1",
         "TLDEXTRACT_PUBLIC_SUFFIX_LIST_URLS": "",
+        # unstructured logs an advertisement at WARNING on every parse otherwise.
+        "UNSTRUCTURED_DISABLE_NOTICE": "1",
     }.items():
         os.environ.setdefault(name, value)
     app()
