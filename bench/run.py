@@ -199,7 +199,9 @@ class Bench:
                 return docs
 
     def chunk_texts(self, kb: str) -> list[str]:
+        """The texts the pipeline embedded for `kb` (context header included), as stored."""
         texts = []
+        self.client.indices.refresh(index=chunks_alias(self.settings))
         response = self.client.search(
             index=chunks_alias(self.settings),
             scroll="2m",
@@ -213,6 +215,8 @@ class Bench:
                 for h in hits
             ]
             response = self.client.scroll(scroll_id=response["_scroll_id"], scroll="2m")
+        if not texts:
+            raise SystemExit(f"bench: no chunks of {kb} found in {chunks_alias(self.settings)}")
         return texts
 
     def raw_model(self, texts: list[str], processes: int) -> dict[str, float]:

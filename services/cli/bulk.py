@@ -137,7 +137,7 @@ def load(
         report.throttled = remote.throttled
         if live is not None:
             live.update(_render(report, started))
-        elif force or time.monotonic() - last_plain >= PLAIN_EVERY_S:
+        elif not console.quiet and (force or time.monotonic() - last_plain >= PLAIN_EVERY_S):
             last_plain = time.monotonic()
             print(
                 json.dumps({"progress": report.as_dict() | {"failures": len(report.failures)}}),
