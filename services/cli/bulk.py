@@ -107,8 +107,10 @@ def _poll(remote: Remote, report: LoadReport) -> bool:
     try:
         batch = remote.get(f"/v1/batches/{report.batch_id}")
     except ApiError as error:
-        if error.code == "NOT_FOUND":  # nothing of this run was new: every file was unchanged
-            return report.uploaded == report.scanned
+        if error.code == "NOT_FOUND":
+            # Either nothing of this run was new, or the registry has not shown the batch yet
+            # (it refreshes about once a second): only the former means done.
+            return report.uploaded == report.scanned == report.outcomes.get("unchanged", 0)
         raise
     report.statuses = Counter(batch["counts"])
     report.failures = batch["failures"]
