@@ -23,9 +23,10 @@ status:  ## report each local service
 test: install  ## ruff, mypy --strict and pytest (unit, integration, e2e) against the real stack
 	@bash deploy/local/test.sh
 
-soak: install  ## the fault-injection tests with 1,000 documents and three rounds of each fault
+soak: install  ## the fault tests with 1,000 documents and three rounds of each fault, the cluster test with 500
 	@RAGLINE_SOAK_DOCS=$${RAGLINE_SOAK_DOCS:-1000} RAGLINE_SOAK_ROUNDS=$${RAGLINE_SOAK_ROUNDS:-3} \
-		bash deploy/local/test.sh -s tests/integration/test_faults.py
+		RAGLINE_TEST_CLUSTER_DOCS=$${RAGLINE_TEST_CLUSTER_DOCS:-500} \
+		bash deploy/local/test.sh -s tests/integration/test_faults.py tests/integration/test_cluster.py
 
 bench: up  ## throughput, latency, quality and memory vs baselines -> bench/results/
 	@$(VENV)/bin/ragline bench
