@@ -13,7 +13,7 @@ from opensearchpy import OpenSearch
 from shared.blobs import BlobStore
 from shared.config import Settings
 from shared.ingest import STAGE_TASK, Ingestor, StageRef
-from shared.models import DocStatus, Document, Stage, utcnow
+from shared.models import DocStatus, Document, ErrorInfo, Stage, utcnow
 from shared.queue import enqueue
 from shared.registry import Registry
 from tests.integration.helpers import chunks_of, new_kb, wait_terminal
@@ -41,6 +41,37 @@ def test_a_document_whose_send_was_lost_is_sent_again(registry: Registry, settin
     doc = wait_terminal(registry, kb, ["lost.txt"], timeout_s=180)["lost.txt"]
     print(f"lost send recovered in {time.monotonic() - started:.1f} s")
     assert doc.status == DocStatus.READY
+
+
+def test_a_document_whose_workers_keep_dying_ends_retries_exhausted(
+    registry: Registry, settings: Settings
+) -> None:
+    kb = new_kb(registry, pii_policy="off")
+    blob = BlobStore(settings.state_dir / "blobstore").put(b"A document that every worker dies on.\n")
+    limit = settings.celery.max_retries + 1
+    # What a document looks like after `limit` workers died holding it: claimed, lease run out.
+    registry.create_doc(
+        Document(
+            tenant_id=kb.tenant_id,
+            kb_id=kb.kb_id,
+            doc_id="poison.txt",
+            content_hash=blob.sha256,
+            file_size=blob.size,
+            filename="poison.txt",
+            status=DocStatus.PARSING,
+            stage=Stage.PARSE,
+            attempts=limit,
+            claimed_by="a-dead-host:4242",
+            lease_until=utcnow() - timedelta(seconds=1),
+            error=ErrorInfo(code="TIMEOUT", stage="parse", message="the parse stage ran out of time"),
+        )
+    )
+    doc = wait_terminal(registry, kb, ["poison.txt"], timeout_s=180)["poison.txt"]
+    print(f"after {limit} lost claims: {doc.status}, {doc.error}")
+    assert doc.status == DocStatus.FAILED
+    assert doc.error is not None
+    assert doc.error.code == "RETRIES_EXHAUSTED"
+    assert "last error: TIMEOUT" in doc.error.message
 
 
 def test_broker_flushed_mid_load_loses_nothing(
