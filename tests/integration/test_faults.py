@@ -116,16 +116,28 @@ def test_worker_killed_mid_parse_embed_and_store_loses_and_duplicates_nothing(
     _assert_all_ready_once(registry, opensearch, settings, kb, names)
     took = time.monotonic() - started
     print(f"{DOCS} documents, {3 * ROUNDS} kills: all ready {took:.0f} s after the load began")
-    waits = sorted(_recovery_s(registry, kb, doc_id, *victim) for doc_id, victim in victims.items())
-    print(f"kill to the victim's stage done again, seconds: min {waits[0]:.0f}, max {waits[-1]:.0f}")
+    waits = sorted(
+        wait
+        for doc_id, victim in victims.items()
+        if (wait := _recovery_s(registry, kb, doc_id, *victim)) is not None
+    )
+    # A document seen claimed may still have finished its stage in the instant before the kill.
+    print(f"{len(waits)} documents were killed mid-stage; seconds until that stage was done again: {waits}")
 
 
-def _recovery_s(registry: Registry, kb: KnowledgeBase, doc_id: str, stage: Stage, killed: datetime) -> float:
-    """Seconds from a kill until its victim got past the stage it was killed in."""
+def _recovery_s(
+    registry: Registry, kb: KnowledgeBase, doc_id: str, stage: Stage, killed: datetime
+) -> float | None:
+    """Seconds from a kill until its victim got past the stage it was killed in (None: it already had)."""
     later = {STAGE_STATUS[s].value for s in PIPELINE[PIPELINE.index(stage) + 1 :]} | {DocStatus.READY.value}
     doc = registry.require_doc(kb.tenant_id, kb.kb_id, doc_id).doc
-    passed = [datetime.fromisoformat(t["at"]) for t in doc.transitions if t["status"] in later]
-    return (min(t for t in passed if t > killed) - killed).total_seconds()
+    passed = [
+        at
+        for t in doc.transitions
+        if t["status"] in later
+        if (at := datetime.fromisoformat(t["at"])) > killed
+    ]
+    return (min(passed) - killed).total_seconds() if passed else None
 
 
 # Redis for a moment (every client notices), OpenSearch for the 30 s of the issue.
