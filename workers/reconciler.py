@@ -5,8 +5,9 @@ documents in a non-terminal state whose lease expired (a worker died mid-stage, 
 reached the broker) and sends their current stage again. If the broker lost its data (flushed,
 or restarted without persistence), which the missing epoch key reveals, every unfinished
 document is sent again at once. Duplicate sends are harmless: stage tasks are fenced.
-A document is never failed for waiting; after too many starts of one stage the claim logic
-fails it with RETRIES_EXHAUSTED.
+A worker that stopped beating (workers/liveness.py) takes its reserved tasks with it, so its
+death also sends every unfinished document again. A document is never failed for waiting;
+after too many starts of one stage the claim logic fails it with RETRIES_EXHAUSTED.
 """
 
 from __future__ import annotations
@@ -18,11 +19,13 @@ from shared.ingest import QUEUE_LEASE, STAGE_TASK, StageRef
 from shared.models import DocStatus, Document, Stage, utcnow
 from shared.queue import enqueue, stage_queue
 from shared.registry import Conflict, Versioned
+from workers import liveness
 from workers.context import WorkerContext
 
 log = logging.getLogger(__name__)
 
 EPOCH_KEY = "ragline:broker:epoch"
+DEAD_AFTER_INTERVALS = 4  # a worker silent this many reconcile intervals is dead
 ACTIVE = [s.value for s in DocStatus if not s.terminal and s != DocStatus.DELETING]
 PAGE = 500
 ORDER = [{"tenant_id": "asc"}, {"kb_id": "asc"}, {"doc_id": "asc"}]
@@ -43,11 +46,18 @@ def _resend(ctx: WorkerContext, found: Versioned) -> bool:
     return True
 
 
+def _why(broker_lost: bool, dead: list[str]) -> str:
+    if broker_lost:
+        return " (broker data was lost)"
+    return f" (workers died: {', '.join(dead)})" if dead else ""
+
+
 def reconcile_once(ctx: WorkerContext) -> int:
     """Send again every unfinished document whose lease expired (all of them if the broker lost its data)."""
     broker_lost = bool(ctx.redis.set(EPOCH_KEY, utcnow().isoformat(), nx=True))
+    dead = liveness.forget_dead(ctx.redis, DEAD_AFTER_INTERVALS * ctx.settings.celery.reconcile_interval_s)
     filters: list[dict[str, Any]] = [{"terms": {"status": ACTIVE}}]
-    if not broker_lost:
+    if not (broker_lost or dead):
         filters.append({"range": {"lease_until": {"lt": utcnow().isoformat()}}})
     ctx.client.indices.refresh(index=ctx.registry.docs)
     sent = 0
@@ -69,6 +79,6 @@ def reconcile_once(ctx: WorkerContext) -> int:
         log.warning(
             "reconciler: sent %d unfinished documents again%s",
             sent,
-            " (broker data was lost)" if broker_lost else "",
+            _why(broker_lost, dead),
         )
     return sent

@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import socket
 from typing import Any
 
 import redis
 from celery import Task, shared_task
-from celery.signals import worker_process_init, worker_ready
+from celery.signals import worker_process_init, worker_ready, worker_shutdown
 
 from shared import fairqueue, logs, tracing
 from shared.catalog import REEMBED_TASK
@@ -16,7 +17,7 @@ from shared.config import get_settings
 from shared.ingest import STAGE_TASK, StageRef
 from shared.models import Stage
 from shared.queue import enqueue
-from workers import leader, metrics
+from workers import leader, liveness, metrics
 from workers.context import worker_context
 from workers.pipeline import BATCH_FUNCTIONS, STAGE_FUNCTIONS
 from workers.reconciler import reconcile_once
@@ -48,6 +49,14 @@ def _start_periodic_jobs(sender: Any = None, **_: Any) -> None:
         "ragline-reconciler", broker, "ragline:reconciler:leader", me, celery.reconcile_interval_s, reconcile
     )
     leader.start("ragline-feeder", broker, "ragline:fair:leader", me, 0.2, feed)
+    liveness.start(broker, me, celery.reconcile_interval_s)
+
+
+@worker_shutdown.connect
+def _leave(sender: Any = None, **_: Any) -> None:
+    settings = get_settings()
+    with contextlib.suppress(redis.RedisError):
+        liveness.leave(redis.Redis.from_url(settings.redis.url), f"{socket.gethostname()}:{os.getpid()}")
 
 
 @worker_ready.connect

@@ -12,11 +12,12 @@ from opensearchpy import OpenSearch
 
 from shared.blobs import BlobStore
 from shared.config import Settings
-from shared.ingest import STAGE_TASK, Ingestor, StageRef
+from shared.ingest import QUEUE_LEASE, STAGE_TASK, Ingestor, StageRef
 from shared.models import DocStatus, Document, ErrorInfo, Stage, utcnow
 from shared.queue import enqueue
 from shared.registry import Registry
 from tests.integration.helpers import chunks_of, new_kb, wait_terminal
+from workers import liveness
 
 pytestmark = pytest.mark.integration
 
@@ -41,6 +42,32 @@ def test_a_document_whose_send_was_lost_is_sent_again(registry: Registry, settin
     doc = wait_terminal(registry, kb, ["lost.txt"], timeout_s=180)["lost.txt"]
     print(f"lost send recovered in {time.monotonic() - started:.1f} s")
     assert doc.status == DocStatus.READY
+
+
+def test_a_dead_workers_reserved_tasks_are_sent_again_without_waiting_out_their_lease(
+    registry: Registry, settings: Settings, redis_client: redis.Redis
+) -> None:
+    kb = new_kb(registry, pii_policy="off")
+    blob = BlobStore(settings.state_dir / "blobstore").put(b"A task a dying worker had reserved.\n")
+    # Queued with a long lease and no task anywhere: what a worker killed while holding the
+    # document's reserved (prefetched) task leaves behind. Only its silence tells.
+    registry.create_doc(
+        Document(
+            tenant_id=kb.tenant_id,
+            kb_id=kb.kb_id,
+            doc_id="reserved.txt",
+            content_hash=blob.sha256,
+            file_size=blob.size,
+            filename="reserved.txt",
+            lease_until=utcnow() + QUEUE_LEASE,
+        )
+    )
+    redis_client.hset(liveness.WORKERS_KEY, "a-dead-host:4242", str(time.time() - 3600))
+    started = time.monotonic()
+    doc = wait_terminal(registry, kb, ["reserved.txt"], timeout_s=180)["reserved.txt"]
+    print(f"a dead worker's reserved document ready {time.monotonic() - started:.1f} s later")
+    assert doc.status == DocStatus.READY
+    assert not redis_client.hexists(liveness.WORKERS_KEY, "a-dead-host:4242")
 
 
 def test_a_document_whose_workers_keep_dying_ends_retries_exhausted(
