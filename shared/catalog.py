@@ -110,9 +110,8 @@ class BatchView(BaseModel):
 
 def document_view(doc: Document) -> dict[str, Any]:
     """The status object users see (no internal claim fields)."""
-    return doc.model_dump(mode="json", exclude={"claimed_by", "tenant_id", "queue", "transitions"}) | {
-        "transitions": doc.transitions[-20:]
-    }
+    internal = {"claimed_by", "tenant_id", "queue", "transitions", "trace"}
+    return doc.model_dump(mode="json", exclude=internal) | {"transitions": doc.transitions[-20:]}
 
 
 def _encode_cursor(values: list[Any]) -> str:

@@ -16,7 +16,7 @@ from typing import Any
 import redis
 from celery import Celery
 
-from shared import fairqueue
+from shared import fairqueue, tracing
 from shared.blobs import BlobStore
 from shared.config import Settings
 from shared.errors import ErrorCode, RaglineError
@@ -145,6 +145,7 @@ class Ingestor:
             queue=queue,
             lease_until=now + QUEUE_LEASE,
             transitions=[{"status": DocStatus.QUEUED.value, "at": now.isoformat()}],
+            trace=tracing.carrier(),
         )
         if current is None:
             stored = self.registry.create_doc(doc)
@@ -171,6 +172,7 @@ class Ingestor:
             now = utcnow()
             doc = previous.model_copy(deep=True)
             doc.content_version += 1
+            doc.trace = tracing.carrier()
             doc.status, doc.stage, doc.progress, doc.attempts, doc.error = (
                 DocStatus.QUEUED,
                 None,

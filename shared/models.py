@@ -157,6 +157,9 @@ class Document(BaseModel):
     metadata: dict[str, Any] = Field(default_factory=dict)
     chunk_count: int = 0
     pii: dict[str, int] = Field(default_factory=dict)
+    # The trace context of the request that accepted this version, so that a stage the
+    # reconciler sends again still belongs to that request's trace.
+    trace: dict[str, str] = Field(default_factory=dict)
     timings: dict[str, float] = Field(default_factory=dict)
     stats: dict[str, dict[str, int]] = Field(default_factory=dict)
     transitions: list[dict[str, Any]] = Field(default_factory=list)

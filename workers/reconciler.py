@@ -42,7 +42,7 @@ def _resend(ctx: WorkerContext, found: Versioned) -> bool:
         return False
     ref = StageRef(doc.tenant_id, doc.kb_id, doc.doc_id, doc.content_version, stage)
     queue = stage_queue(ctx.settings, doc.queue, stage)
-    enqueue(ctx.sender, ctx.settings, STAGE_TASK, kwargs=ref.as_kwargs(), queue=queue)
+    enqueue(ctx.sender, ctx.settings, STAGE_TASK, kwargs=ref.as_kwargs(), headers=doc.trace, queue=queue)
     return True
 
 

@@ -85,6 +85,7 @@ DOCS_MAPPING: dict[str, Any] = {
         "metadata": {"type": "object", "enabled": False},
         "chunk_count": {"type": "integer"},
         "pii": {"type": "object", "enabled": False},
+        "trace": {"type": "object", "enabled": False},
         "timings": {"type": "object", "enabled": False},
         "stats": {"type": "object", "enabled": False},
         "transitions": {"type": "object", "enabled": False},
