@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import time
 from datetime import timedelta
+from typing import Any
 
 import pytest
 import redis
@@ -13,7 +14,7 @@ from opensearchpy import OpenSearch
 from shared.blobs import BlobStore
 from shared.config import Settings
 from shared.ingest import QUEUE_LEASE, STAGE_TASK, Ingestor, StageRef
-from shared.models import DocStatus, Document, ErrorInfo, Stage, utcnow
+from shared.models import DocStatus, Document, ErrorInfo, KnowledgeBase, Stage, utcnow
 from shared.queue import enqueue
 from shared.registry import Registry
 from tests.integration.helpers import chunks_of, new_kb, wait_terminal
@@ -22,21 +23,35 @@ from workers import liveness
 pytestmark = pytest.mark.integration
 
 
-def test_a_document_whose_send_was_lost_is_sent_again(registry: Registry, settings: Settings) -> None:
-    kb = new_kb(registry, pii_policy="off")
-    blob = BlobStore(settings.state_dir / "blobstore").put(b"The lighthouse keeper logs every ship.\n")
-    expired = utcnow() - timedelta(seconds=1)
-    # What submit leaves behind when the broker is down: a queued record, no task anywhere.
+def _orphan(
+    registry: Registry, settings: Settings, kb: KnowledgeBase, doc_id: str, data: bytes, **state: Any
+) -> None:
+    """A registry record in `state` with its bytes stored and no task anywhere, as a fault leaves it."""
+    blob = BlobStore(settings.state_dir / "blobstore").put(data)
     registry.create_doc(
         Document(
             tenant_id=kb.tenant_id,
             kb_id=kb.kb_id,
-            doc_id="lost.txt",
+            doc_id=doc_id,
             content_hash=blob.sha256,
             file_size=blob.size,
-            filename="lost.txt",
-            lease_until=expired,
+            filename=doc_id,
+            **state,
         )
+    )
+
+
+def test_a_document_whose_send_was_lost_is_sent_again(registry: Registry, settings: Settings) -> None:
+    kb = new_kb(registry, pii_policy="off")
+    expired = utcnow() - timedelta(seconds=1)
+    # What submit leaves behind when the broker is down: a queued record, no task anywhere.
+    _orphan(
+        registry,
+        settings,
+        kb,
+        "lost.txt",
+        b"The lighthouse keeper logs every ship.\n",
+        lease_until=expired,
     )
     started = time.monotonic()
     doc = wait_terminal(registry, kb, ["lost.txt"], timeout_s=180)["lost.txt"]
@@ -48,19 +63,15 @@ def test_a_dead_workers_reserved_tasks_are_sent_again_without_waiting_out_their_
     registry: Registry, settings: Settings, redis_client: redis.Redis
 ) -> None:
     kb = new_kb(registry, pii_policy="off")
-    blob = BlobStore(settings.state_dir / "blobstore").put(b"A task a dying worker had reserved.\n")
     # Queued with a long lease and no task anywhere: what a worker killed while holding the
     # document's reserved (prefetched) task leaves behind. Only its silence tells.
-    registry.create_doc(
-        Document(
-            tenant_id=kb.tenant_id,
-            kb_id=kb.kb_id,
-            doc_id="reserved.txt",
-            content_hash=blob.sha256,
-            file_size=blob.size,
-            filename="reserved.txt",
-            lease_until=utcnow() + QUEUE_LEASE,
-        )
+    _orphan(
+        registry,
+        settings,
+        kb,
+        "reserved.txt",
+        b"A task a dying worker had reserved.\n",
+        lease_until=utcnow() + QUEUE_LEASE,
     )
     redis_client.hset(liveness.WORKERS_KEY, "a-dead-host:4242", str(time.time() - 3600))
     started = time.monotonic()
@@ -74,24 +85,20 @@ def test_a_document_whose_workers_keep_dying_ends_retries_exhausted(
     registry: Registry, settings: Settings
 ) -> None:
     kb = new_kb(registry, pii_policy="off")
-    blob = BlobStore(settings.state_dir / "blobstore").put(b"A document that every worker dies on.\n")
     limit = settings.celery.max_retries + 1
     # What a document looks like after `limit` workers died holding it: claimed, lease run out.
-    registry.create_doc(
-        Document(
-            tenant_id=kb.tenant_id,
-            kb_id=kb.kb_id,
-            doc_id="poison.txt",
-            content_hash=blob.sha256,
-            file_size=blob.size,
-            filename="poison.txt",
-            status=DocStatus.PARSING,
-            stage=Stage.PARSE,
-            attempts=limit,
-            claimed_by="a-dead-host:4242",
-            lease_until=utcnow() - timedelta(seconds=1),
-            error=ErrorInfo(code="TIMEOUT", stage="parse", message="the parse stage ran out of time"),
-        )
+    _orphan(
+        registry,
+        settings,
+        kb,
+        "poison.txt",
+        b"A document that every worker dies on.\n",
+        status=DocStatus.PARSING,
+        stage=Stage.PARSE,
+        attempts=limit,
+        claimed_by="a-dead-host:4242",
+        lease_until=utcnow() - timedelta(seconds=1),
+        error=ErrorInfo(code="TIMEOUT", stage="parse", message="the parse stage ran out of time"),
     )
     doc = wait_terminal(registry, kb, ["poison.txt"], timeout_s=180)["poison.txt"]
     print(f"after {limit} lost claims: {doc.status}, {doc.error}")
