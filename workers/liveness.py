@@ -19,15 +19,6 @@ log = logging.getLogger(__name__)
 WORKERS_KEY = "ragline:workers"
 
 
-def beat(client: redis.Redis, me: str) -> None:
-    client.hset(WORKERS_KEY, me, str(time.time()))
-
-
-def leave(client: redis.Redis, me: str) -> None:
-    """A clean shutdown: the worker's reserved tasks went back to the queue, nothing to recover."""
-    client.hdel(WORKERS_KEY, me)
-
-
 def forget_dead(client: redis.Redis, silent_s: float) -> list[str]:
     """Workers silent for `silent_s` seconds, removed from the hash (each is reported once)."""
     now = time.time()
@@ -43,13 +34,35 @@ def _text(value: bytes | str) -> str:
     return value.decode() if isinstance(value, bytes) else value
 
 
-def start(client: redis.Redis, me: str, interval_s: float) -> None:
-    def run() -> None:
-        while True:
+class Heartbeat:
+    """One worker's beat. A beat that landed after `leave` would register the stopped worker again,
+    and its silence would then read as a death: beat and leave share a lock, and none follows a leave."""
+
+    def __init__(self, client: redis.Redis, me: str, interval_s: float) -> None:
+        self.client = client
+        self.me = me
+        self.interval_s = interval_s
+        self._lock = threading.Lock()
+        self._left = threading.Event()
+
+    def beat(self) -> None:
+        with self._lock:
+            if not self._left.is_set():
+                self.client.hset(WORKERS_KEY, self.me, str(time.time()))
+
+    def leave(self) -> None:
+        """A clean shutdown: the worker's reserved tasks went back to the queue, nothing to recover."""
+        with self._lock:
+            self._left.set()
+            self.client.hdel(WORKERS_KEY, self.me)
+
+    def start(self) -> None:
+        threading.Thread(target=self._run, name="ragline-liveness", daemon=True).start()
+
+    def _run(self) -> None:
+        while not self._left.is_set():
             try:
-                beat(client, me)
+                self.beat()
             except redis.RedisError:
                 log.warning("worker heartbeat failed; retrying", exc_info=True)
-            time.sleep(interval_s)
-
-    threading.Thread(target=run, name="ragline-liveness", daemon=True).start()
+            self._left.wait(self.interval_s)

@@ -25,6 +25,8 @@ from workers.reembed import reembed
 from workers.runner import Done, Retry, is_outage, outage_countdown, run_stage
 from workers.warmup import warm_up
 
+_HEART: list[liveness.Heartbeat] = []  # the main process's, once the worker is ready
+
 
 @worker_ready.connect
 def _start_periodic_jobs(sender: Any = None, **_: Any) -> None:
@@ -49,14 +51,15 @@ def _start_periodic_jobs(sender: Any = None, **_: Any) -> None:
         "ragline-reconciler", broker, "ragline:reconciler:leader", me, celery.reconcile_interval_s, reconcile
     )
     leader.start("ragline-feeder", broker, "ragline:fair:leader", me, 0.2, feed)
-    liveness.start(broker, me, celery.reconcile_interval_s)
+    _HEART.append(liveness.Heartbeat(broker, me, celery.reconcile_interval_s))
+    _HEART[0].start()
 
 
 @worker_shutdown.connect
 def _leave(sender: Any = None, **_: Any) -> None:
-    settings = get_settings()
-    with contextlib.suppress(redis.RedisError):
-        liveness.leave(redis.Redis.from_url(settings.redis.url), f"{socket.gethostname()}:{os.getpid()}")
+    for heart in _HEART:
+        with contextlib.suppress(redis.RedisError):
+            heart.leave()
 
 
 @worker_ready.connect

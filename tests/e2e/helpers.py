@@ -95,6 +95,15 @@ def wait_ready(
     pytest.fail(f"not terminal after {timeout_s}s: { {d: v.get('status') for d, v in docs.items()} }")
 
 
+def wait_until(condition: Any, attempts: int = 60) -> None:
+    """The registry's search side refreshes each second: poll like a user, at most a minute."""
+    for _ in range(attempts):
+        if condition():
+            return
+        time.sleep(1)
+    pytest.fail("the condition did not come true within a minute")
+
+
 RAGLINE = str(Path(sys.executable).parent / "ragline")
 
 

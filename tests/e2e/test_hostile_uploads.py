@@ -15,7 +15,7 @@ import httpx
 import pytest
 
 from shared.config import REPO_ROOT, Settings
-from tests.e2e.helpers import MAX_FILE_BYTES, Server, start_server, stop_server, wait_ready
+from tests.e2e.helpers import MAX_FILE_BYTES, Server, start_server, stop_server, wait_ready, wait_until
 from tests.fixtures import hostile
 
 pytestmark = pytest.mark.e2e
@@ -67,8 +67,11 @@ def test_names_that_try_to_be_paths_are_only_labels(server: Server, settings: Se
         assert doc_ids == ["passwd", "win.ini"]
         docs = wait_ready(client, kb, doc_ids)
         assert {d: v["status"] for d, v in docs.items()} == dict.fromkeys(doc_ids, "ready")
-        listed = client.get(f"/v1/kbs/{kb}/documents").json()["documents"]
-        assert sorted(d["doc_id"] for d in listed) == doc_ids
+
+        def listed() -> list[str]:
+            return sorted(d["doc_id"] for d in client.get(f"/v1/kbs/{kb}/documents").json()["documents"])
+
+        wait_until(lambda: listed() == doc_ids)
     assert hostile.snapshot(targets) == before
 
 

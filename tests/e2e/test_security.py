@@ -11,7 +11,6 @@ from __future__ import annotations
 import json
 import re
 import secrets
-import time
 import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -27,7 +26,16 @@ from mcp.types import CallToolResult, Tool
 
 from services.api.app import create_app
 from shared.config import load_settings
-from tests.e2e.helpers import Server, call, error_text, extra_keys, http_session, tenant_of, wait_ready
+from tests.e2e.helpers import (
+    Server,
+    call,
+    error_text,
+    extra_keys,
+    http_session,
+    tenant_of,
+    wait_ready,
+    wait_until,
+)
 
 pytestmark = pytest.mark.e2e
 
@@ -137,15 +145,6 @@ def _seed(server: Server) -> TenantA:
             )
         )
     return TenantA(kb, doc, batch, query, (name, description, tag, content, meta))
-
-
-def wait_until(condition: Any, attempts: int = 60) -> None:
-    """The registry's search side refreshes each second: poll like a user, at most a minute."""
-    for _ in range(attempts):
-        if condition():
-            return
-        time.sleep(1)
-    pytest.fail("the condition did not come true within a minute")
 
 
 @pytest.fixture(scope="module")

@@ -254,10 +254,8 @@ def test_indexes_carry_the_configured_replicas(stack: ClusterStack) -> None:
     assert all(len(nodes) == NODES for nodes in nodes_by_index.values()), nodes_by_index
 
 
-@pytest.mark.timeout(1200)  # the module's stack starts inside the first test's time
-def test_a_stopped_worker_leaves_its_queue_waiting_and_its_restart_drains_it(stack: ClusterStack) -> None:
-    kb = new_kb(stack.registry, pii_policy="off")
-    stack.script("worker", "stop", EMBED_WORKER)
+def _held_at_embed_stage(stack: ClusterStack, kb: KnowledgeBase) -> list[str]:
+    """With the embed worker stopped, a small load that the parse worker takes up to the embed stage."""
     count = max(10, LOAD_DOCS // 10)
     names = _submit(stack, kb, count, "queued")
     # The parse worker takes documents up to the embed stage, where they wait: the feeder admits no
@@ -275,12 +273,23 @@ def test_a_stopped_worker_leaves_its_queue_waiting_and_its_restart_drains_it(sta
     statuses = _statuses(stack, kb)
     print(f"\nembed worker stopped: {dict(statuses)}, bulk-embed depth {stack.depth('bulk-embed')}")
     assert statuses[DocStatus.READY.value] == 0
+    # One message per waiting document: a stopped worker is not taken for a dead one (whose
+    # death would send every unfinished document again).
     assert statuses[DocStatus.EMBEDDING.value] == stack.depth("bulk-embed") > 0
+    return names
 
-    restarted = time.monotonic()
-    stack.script("worker", "start", EMBED_WORKER)
+
+@pytest.mark.timeout(1200)  # the module's stack starts inside the first test's time
+def test_a_stopped_worker_leaves_its_queue_waiting_and_its_restart_drains_it(stack: ClusterStack) -> None:
+    kb = new_kb(stack.registry, pii_policy="off")
+    stack.script("worker", "stop", EMBED_WORKER)
+    try:
+        names = _held_at_embed_stage(stack, kb)
+    finally:
+        restarted = time.monotonic()  # whatever happened, the next test needs both workers
+        stack.script("worker", "start", EMBED_WORKER)
     docs = wait_terminal(stack.registry, kb, names, timeout_s=600)
-    print(f"embed worker restarted: all {count} ready {time.monotonic() - restarted:.1f} s later")
+    print(f"embed worker restarted: all {len(names)} ready {time.monotonic() - restarted:.1f} s later")
     assert {d.status for d in docs.values()} == {DocStatus.READY}
     assert all(stack.depth(queue) == 0 for queue in all_queues(stack.settings))
 
