@@ -22,6 +22,11 @@ end
 return 0
 """
 
+_RELEASE = """
+if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end
+return 0
+"""
+
 
 def _dead_here(holder: str) -> bool:
     """True when `holder` (host:pid) was a process of this host that no longer exists."""
@@ -63,14 +68,25 @@ def run_as_leader(
     job: Callable[[], object],
     stop: threading.Event,
 ) -> None:
-    """Run `job` every `interval_s` while holding the lease; an outage only skips a round."""
+    """Run `job` now and then every `interval_s` while holding the lease; an outage only skips a round.
+
+    The first round runs at once: the reconciler's first round also marks the broker's epoch, and
+    until it has, documents submitted to a fresh broker would look like work a flush lost.
+    """
     ttl = max(2, int(interval_s * 4))
-    while not stop.wait(interval_s):
+    while True:
         try:
             if hold(client, key, me, ttl):
                 job()
         except Exception:
             log.warning("periodic job %s failed", key, exc_info=True)
+        if stop.wait(interval_s):
+            return
+
+
+def release(client: redis.Redis, key: str, me: str) -> None:
+    """Give the lease up on a clean shutdown, so another worker takes the job over at its next round."""
+    client.eval(_RELEASE, 1, key, me)
 
 
 def start(

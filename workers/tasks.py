@@ -25,6 +25,7 @@ from workers.reembed import reembed
 from workers.runner import Done, Retry, is_outage, outage_countdown, run_stage
 from workers.warmup import warm_up
 
+RECONCILER_LEASE, FEEDER_LEASE = "ragline:reconciler:leader", "ragline:fair:leader"
 _HEART: list[liveness.Heartbeat] = []  # the main process's, once the worker is ready
 
 
@@ -47,10 +48,8 @@ def _start_periodic_jobs(sender: Any = None, **_: Any) -> None:
         ctx = worker_context()
         return fairqueue.feed(ctx.redis, ctx.sender, ctx.settings, celery.bulk_queue_depth)
 
-    leader.start(
-        "ragline-reconciler", broker, "ragline:reconciler:leader", me, celery.reconcile_interval_s, reconcile
-    )
-    leader.start("ragline-feeder", broker, "ragline:fair:leader", me, 0.2, feed)
+    leader.start("ragline-reconciler", broker, RECONCILER_LEASE, me, celery.reconcile_interval_s, reconcile)
+    leader.start("ragline-feeder", broker, FEEDER_LEASE, me, 0.2, feed)
     _HEART.append(liveness.Heartbeat(broker, me, celery.reconcile_interval_s))
     _HEART[0].start()
 
@@ -60,6 +59,8 @@ def _leave(sender: Any = None, **_: Any) -> None:
     for heart in _HEART:
         with contextlib.suppress(redis.RedisError):
             heart.leave()
+            for lease in (RECONCILER_LEASE, FEEDER_LEASE):
+                leader.release(heart.client, lease, heart.me)
 
 
 @worker_ready.connect

@@ -38,6 +38,9 @@ from shared.search.client import build_client
 from shared.search.hybrid import Searcher, SearchRequest
 from shared.search.schema import chunks_alias, docs_index, ensure_indexes
 from tests.integration.helpers import new_kb, wait_terminal
+from workers.leader import _dead_here
+from workers.reconciler import EPOCH_KEY
+from workers.tasks import FEEDER_LEASE, RECONCILER_LEASE
 
 pytestmark = pytest.mark.integration
 
@@ -115,6 +118,14 @@ class ClusterStack:
                 time.sleep(1)
         pytest.fail(f"cluster not green after {timeout_s}s: {self.client.cluster.health()}")
 
+    def wait_first_reconcile(self, timeout_s: float = 120) -> None:
+        """Until the reconciler's first round marks the broker's epoch, any unfinished document
+        would look like work a flushed broker lost, and be sent again."""
+        deadline = time.monotonic() + timeout_s
+        while not self.broker.exists(EPOCH_KEY):
+            assert time.monotonic() < deadline, f"no reconciler round within {timeout_s}s of the start"
+            time.sleep(0.5)
+
     def depth(self, queue: str) -> int:
         return int(self.broker.llen(queue))
 
@@ -155,6 +166,7 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ClusterStack]:
         cluster.script("stack", "up", "opensearch", "redis", "worker")
         ensure_indexes(client, settings)
         print(f"\ncluster on {urls}, state in {state}; green {cluster.wait_green():.1f} s after the indexes")
+        cluster.wait_first_reconcile()
         yield cluster
     finally:
         subprocess.run(
@@ -283,6 +295,9 @@ def _held_at_embed_stage(stack: ClusterStack, kb: KnowledgeBase) -> list[str]:
 def test_a_stopped_worker_leaves_its_queue_waiting_and_its_restart_drains_it(stack: ClusterStack) -> None:
     kb = new_kb(stack.registry, pii_policy="off")
     stack.script("worker", "stop", EMBED_WORKER)
+    # A clean stop hands the periodic jobs over: no lease stays with a process that is gone.
+    holders = [stack.broker.get(lease) for lease in (RECONCILER_LEASE, FEEDER_LEASE)]
+    assert not any(isinstance(h, bytes) and _dead_here(h.decode()) for h in holders), holders
     try:
         names = _held_at_embed_stage(stack, kb)
     finally:

@@ -6,8 +6,9 @@ import os
 import socket
 import subprocess
 import sys
+import threading
 
-from workers.leader import _dead_here
+from workers.leader import _dead_here, run_as_leader
 
 
 def test_a_process_of_this_host_that_exited_is_dead() -> None:
@@ -20,3 +21,32 @@ def test_a_live_process_or_another_host_is_never_taken_over() -> None:
     assert not _dead_here(f"{socket.gethostname()}:{os.getpid()}")
     assert not _dead_here(f"some-other-host:{2**22 + 7}")
     assert not _dead_here("garbage")
+
+
+class GrantingRedis:
+    """Grants every lease request: the loop's timing, not Redis, is under test here."""
+
+    def set(self, *args: object, **kwargs: object) -> bool:
+        return True
+
+
+def test_the_first_round_runs_at_once_not_after_an_interval() -> None:
+    rounds: list[float] = []
+    stop = threading.Event()
+    stop.set()  # the loop returns after its first round instead of waiting an hour
+    run_as_leader(GrantingRedis(), "lease", "me", 3600, lambda: rounds.append(1), stop)  # type: ignore[arg-type]
+    assert rounds == [1]
+
+
+def test_a_failing_round_does_not_end_the_loop() -> None:
+    rounds: list[int] = []
+    stop = threading.Event()
+
+    def job() -> None:
+        rounds.append(1)
+        if len(rounds) == 3:
+            stop.set()
+        raise RuntimeError("OpenSearch is away")
+
+    run_as_leader(GrantingRedis(), "lease", "me", 0.01, job, stop)  # type: ignore[arg-type]
+    assert len(rounds) == 3
