@@ -106,8 +106,13 @@ async def lifecycle(session: ClientSession) -> None:
     assert volcano[0]["page_num"] == 1
     around = await call(session, "read_document", kb_id=kb, doc_id="heron.txt", chunk_idx=0, window=1)
     assert "heron" in around["chunks"][0]["text"]
-    page = await call(session, "list_documents", kb_id=kb)
-    assert sorted(d["doc_id"] for d in page["documents"]) == sorted([text["doc_id"], binary["doc_id"]])
+    expected = sorted([text["doc_id"], binary["doc_id"]])
+    for _ in range(60):  # the listing is near real time (refreshed each second)
+        page = await call(session, "list_documents", kb_id=kb)
+        if sorted(d["doc_id"] for d in page["documents"]) == expected:
+            break
+        await anyio.sleep(1)
+    assert sorted(d["doc_id"] for d in page["documents"]) == expected
     await call(session, "get_batch_status", batch_id=text["batch_id"])
     deleted = await call(session, "delete_document", kb_id=kb, doc_id="heron.txt")
     assert deleted["status"] == "deleted"
