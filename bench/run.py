@@ -27,7 +27,7 @@ import psutil
 from rich.console import Console
 
 from bench.baselines import forget_embeddings, raw_model, restart_worker
-from bench.mcp_latency import mcp_search_ms
+from bench.mcp_latency import client_validation_ms, mcp_search_ms
 from bench.pollers import Pollers
 from bench.quality import evaluate, max_pool
 from services.cli.bulk import load
@@ -376,6 +376,9 @@ class Bench:
             figures["rest_c8"]["p95"] / max(figures["raw_c8"]["p95"], 1e-6), 3
         )
         figures["mcp_minus_rest_p50_ms"] = round(figures["mcp_c1"]["p50"] - figures["rest_c1"]["p50"], 2)
+        figures["mcp_client_schema_check_p50_ms"] = round(
+            client_validation_ms(server, api_key, kb, queries[0]), 2
+        )
         self.results["latency_ms"] = figures
 
     def quality_figures(self, kb: str, queries: dict[str, str], qrels: dict[str, set[str]]) -> None:
