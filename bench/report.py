@@ -148,6 +148,16 @@ def write_report(r: dict[str, Any], path: Path, plots: Path) -> None:
         f"{r['corpus']['queries']} judged queries; {'quick' if r['quick'] else 'full'} run, "
         f"{r['seconds']} s.",
         "",
+        *(
+            [
+                "A quick run checks that every phase works: its figures come from a small sample, and "
+                "its retrieval quality, on a few pages with few distractors, is not comparable with the "
+                "reference figures (measured on the whole corpus) or with the nDCG target.",
+                "",
+            ]
+            if r["quick"]
+            else []
+        ),
         "## Targets",
         "",
         *targets(r),

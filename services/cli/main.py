@@ -155,7 +155,7 @@ def mcp() -> None:
 
 @app.command()
 def bench(
-    quick: Annotated[bool, typer.Option("--quick", help="100 pages, fewer queries.")] = False,
+    quick: Annotated[bool, typer.Option("--quick", help="60 pages, fewer queries.")] = False,
 ) -> None:
     """Measure ingest throughput, query latency, retrieval quality and memory against their baselines."""
     from bench.run import main as run_bench
