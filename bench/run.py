@@ -312,7 +312,8 @@ class Bench:
         }
         self.results["status_polling_ms"] = _latency(pollers.latencies_ms) | {
             "pollers": 50,
-            "errors": pollers.errors,
+            "errors": sum(pollers.errors.values()),
+            "errors_by_kind": dict(pollers.errors),
         }
 
     def index_size(self) -> dict[str, Any]:
