@@ -7,6 +7,7 @@ import os
 import socket
 import threading
 from collections.abc import Callable
+from dataclasses import dataclass
 
 import redis
 
@@ -84,18 +85,34 @@ def run_as_leader(
             return
 
 
-def release(client: redis.Redis, key: str, me: str) -> None:
-    """Give the lease up on a clean shutdown, so another worker takes the job over at its next round."""
-    client.eval(_RELEASE, 1, key, me)
+@dataclass
+class PeriodicJob:
+    """A leader-elected job's thread, stopped on a clean shutdown before its lease is given up."""
+
+    client: redis.Redis
+    key: str
+    me: str
+    thread: threading.Thread
+    stopped: threading.Event
+
+    def stop(self, timeout_s: float) -> None:
+        """End the loop (a round under way finishes first), then give the lease up so another worker
+        takes the job over at its next round; a loop still running would only take it back."""
+        self.stopped.set()
+        self.thread.join(timeout_s)
+        if not self.thread.is_alive():
+            self.client.eval(_RELEASE, 1, self.key, self.me)
 
 
 def start(
     name: str, client: redis.Redis, key: str, me: str, interval_s: float, job: Callable[[], object]
-) -> None:
+) -> PeriodicJob:
+    stopped = threading.Event()
     thread = threading.Thread(
         target=run_as_leader,
-        args=(client, key, me, interval_s, job, threading.Event()),
+        args=(client, key, me, interval_s, job, stopped),
         name=name,
         daemon=True,
     )
     thread.start()
+    return PeriodicJob(client, key, me, thread, stopped)

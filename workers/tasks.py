@@ -26,7 +26,9 @@ from workers.runner import Done, Retry, is_outage, outage_countdown, run_stage
 from workers.warmup import warm_up
 
 RECONCILER_LEASE, FEEDER_LEASE = "ragline:reconciler:leader", "ragline:fair:leader"
-_HEART: list[liveness.Heartbeat] = []  # the main process's, once the worker is ready
+# The main process's periodic jobs and heartbeat, once the worker is ready; stopped on shutdown.
+_JOBS: list[leader.PeriodicJob] = []
+_HEART: list[liveness.Heartbeat] = []
 
 
 @worker_ready.connect
@@ -48,8 +50,12 @@ def _start_periodic_jobs(sender: Any = None, **_: Any) -> None:
         ctx = worker_context()
         return fairqueue.feed(ctx.redis, ctx.sender, ctx.settings, celery.bulk_queue_depth)
 
-    leader.start("ragline-reconciler", broker, RECONCILER_LEASE, me, celery.reconcile_interval_s, reconcile)
-    leader.start("ragline-feeder", broker, FEEDER_LEASE, me, 0.2, feed)
+    _JOBS.append(
+        leader.start(
+            "ragline-reconciler", broker, RECONCILER_LEASE, me, celery.reconcile_interval_s, reconcile
+        )
+    )
+    _JOBS.append(leader.start("ragline-feeder", broker, FEEDER_LEASE, me, 0.2, feed))
     _HEART.append(liveness.Heartbeat(broker, me, celery.reconcile_interval_s))
     _HEART[0].start()
 
@@ -59,8 +65,9 @@ def _leave(sender: Any = None, **_: Any) -> None:
     for heart in _HEART:
         with contextlib.suppress(redis.RedisError):
             heart.leave()
-            for lease in (RECONCILER_LEASE, FEEDER_LEASE):
-                leader.release(heart.client, lease, heart.me)
+    for job in _JOBS:
+        with contextlib.suppress(redis.RedisError):
+            job.stop(timeout_s=10)
 
 
 @worker_ready.connect

@@ -7,8 +7,9 @@ import socket
 import subprocess
 import sys
 import threading
+import time
 
-from workers.leader import _dead_here, run_as_leader
+from workers.leader import _dead_here, run_as_leader, start
 
 
 def test_a_process_of_this_host_that_exited_is_dead() -> None:
@@ -50,3 +51,30 @@ def test_a_failing_round_does_not_end_the_loop() -> None:
 
     run_as_leader(GrantingRedis(), "lease", "me", 0.01, job, stop)  # type: ignore[arg-type]
     assert len(rounds) == 3
+
+
+class RecordingLease(GrantingRedis):
+    """Grants the lease and records the release, with whether a job round was still running then."""
+
+    def __init__(self) -> None:
+        self.running = threading.Event()
+        self.released_while_running: list[bool] = []
+
+    def eval(self, script: str, keys: int, key: str, me: str) -> int:
+        self.released_while_running.append(self.running.is_set())
+        return 1
+
+
+def test_a_stopped_job_gives_its_lease_up_only_after_its_last_round() -> None:
+    client = RecordingLease()
+
+    def job() -> None:
+        client.running.set()
+        time.sleep(0.3)  # a reconcile round under way when the worker shuts down
+        client.running.clear()
+
+    periodic = start("test-job", client, "lease", "me", 0.01, job)  # type: ignore[arg-type]
+    assert client.running.wait(5)
+    periodic.stop(timeout_s=5)
+    assert not periodic.thread.is_alive()
+    assert client.released_while_running == [False]
