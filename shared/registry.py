@@ -130,15 +130,22 @@ class Registry:
     def replace_doc(self, current: Versioned, doc: Document) -> Versioned:
         """Write `doc` if the record is still at `current`'s version; Conflict otherwise."""
         doc.updated_at = utcnow()
+        body = doc.model_dump(mode="json")
         try:
             result = self.client.index(
                 index=self.docs,
                 id=doc_key(doc.tenant_id, doc.kb_id, doc.doc_id),
-                body=doc.model_dump(mode="json"),
+                body=body,
                 if_seq_no=current.seq_no,
                 if_primary_term=current.primary_term,
             )
         except ConflictError:
+            # The client resends a request whose reply it lost (a node stopped after applying
+            # it): the resend then conflicts with the write itself. The record holding exactly
+            # this body (its fresh `updated_at` included) means the write landed.
+            stored = self.get_doc(doc.tenant_id, doc.kb_id, doc.doc_id)
+            if stored is not None and stored.doc.model_dump(mode="json") == body:
+                return stored
             raise Conflict(f"document '{doc.doc_id}' changed concurrently") from None
         return Versioned(doc, result["_seq_no"], result["_primary_term"])
 

@@ -266,9 +266,13 @@ def _retry_or_fail(
     (own_ref, own), peers = items[0], items[1:]
     _release_for_retry(ctx, own_ref, own, error)
     for peer_ref, peer in peers:
-        # A peer's own task may have come and gone while this one held it: send it again.
-        _release_for_retry(ctx, peer_ref, peer, error)
-        _send(ctx, peer_ref, peer.doc.queue)
+        # A peer's own task may have come and gone while this one held it: send it again, even
+        # when the release fails (it may have landed all the same; if not, the claim's lease runs
+        # out and the reconciler sends it).
+        try:
+            _release_for_retry(ctx, peer_ref, peer, error)
+        finally:
+            _send(ctx, peer_ref, peer.doc.queue)
     if isinstance(error, OutageError):
         metrics.retried(own_ref.stage.value, error.code.value)
         raise Retry(outage_countdown(), counted=False)
@@ -376,6 +380,14 @@ def _advance(
         # artifacts written above belong to this version only and are never read by another.
         log.info("document %s/%s changed during %s; dropping this result", ref.kb_id, ref.doc_id, ref.stage)
         return
+    except Exception as error:
+        if nxt is not None and is_outage(error):
+            # A node that stops mid-request can apply the hand-over and lose only the reply. Had
+            # it landed, nothing would send the next stage: the document would sit unclaimed at
+            # it for its whole queue lease. So send it anyway; if the write did not land, that
+            # task finds the document still at this stage and drops itself.
+            _send(ctx, StageRef(ref.tenant_id, ref.kb_id, ref.doc_id, ref.content_version, nxt), doc.queue)
+        raise
     if result.after is not None:
         result.after()
     if nxt is None:

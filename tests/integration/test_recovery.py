@@ -10,15 +10,19 @@ import pytest
 import redis
 from celery import Celery
 from opensearchpy import OpenSearch
+from opensearchpy.exceptions import ConnectionError as OpenSearchConnectionError
 
 from shared.blobs import BlobStore
 from shared.config import Settings
 from shared.ingest import QUEUE_LEASE, STAGE_TASK, Ingestor, StageRef
 from shared.models import DocStatus, Document, ErrorInfo, KnowledgeBase, Stage, utcnow
 from shared.queue import enqueue
-from shared.registry import Registry
+from shared.registry import Conflict, Registry, Versioned
 from tests.integration.helpers import chunks_of, new_kb, wait_terminal
 from workers import liveness
+from workers.context import WorkerContext
+from workers.runner import _advance
+from workers.stages import parse
 
 pytestmark = pytest.mark.integration
 
@@ -149,3 +153,83 @@ def test_duplicate_delivery_makes_one_set_of_chunks(
     assert after.transitions == doc.transitions
     assert len(chunks) == doc.chunk_count > 1
     assert sorted(c["chunk_idx"] for c in chunks) == list(range(doc.chunk_count))
+
+
+class ReplyLostRegistry(Registry):
+    """The real registry, whose document writes land in OpenSearch but whose replies are lost, as
+    when a node stops between applying a write and answering it."""
+
+    def replace_doc(self, current: Versioned, doc: Document) -> Versioned:
+        super().replace_doc(current, doc)
+        raise OpenSearchConnectionError("N/A", "the node stopped before it answered", None)
+
+
+def test_a_hand_over_whose_reply_was_lost_still_sends_the_next_stage(
+    registry: Registry,
+    settings: Settings,
+    opensearch: OpenSearch,
+    sender: Celery,
+    redis_client: redis.Redis,
+) -> None:
+    kb = new_kb(registry, pii_policy="off")
+    # The parse stage of "reply-lost.txt" has claimed the document and done its work here...
+    _orphan(
+        registry,
+        settings,
+        kb,
+        "reply-lost.txt",
+        b"The harbour master writes the tide table each morning.\n",
+        status=DocStatus.PARSING,
+        stage=Stage.PARSE,
+        attempts=1,
+        claimed_by="this-test",
+        lease_until=utcnow() + timedelta(seconds=60),
+    )
+    blobs = BlobStore(settings.state_dir / "blobstore")
+    claimed = registry.get_doc(kb.tenant_id, kb.kb_id, "reply-lost.txt")
+    assert claimed is not None
+    ctx = WorkerContext(
+        settings, opensearch, ReplyLostRegistry(opensearch, settings), blobs, sender, redis_client
+    )
+    result = parse.run(ctx, claimed.doc, blobs.path_of(claimed.doc.content_hash))
+    ref = StageRef(kb.tenant_id, kb.kb_id, "reply-lost.txt", claimed.doc.content_version, Stage.PARSE)
+    # ...and hands it to the chunk stage: the write lands, the reply is lost.
+    with pytest.raises(OpenSearchConnectionError):
+        _advance(ctx, ref, claimed, result, 0.1)
+    moved = registry.get_doc(kb.tenant_id, kb.kb_id, "reply-lost.txt")
+    assert moved is not None
+    assert moved.doc.status == DocStatus.CHUNKING
+    assert moved.doc.claimed_by is None
+    # Unclaimed with a 30-minute queue lease: only a sent chunk task brings it to ready in time.
+    started = time.monotonic()
+    doc = wait_terminal(registry, kb, ["reply-lost.txt"], timeout_s=120)["reply-lost.txt"]
+    print(f"a hand-over whose reply was lost: {doc.status} {time.monotonic() - started:.1f} s later")
+    assert doc.status == DocStatus.READY
+
+
+class ResendingClient(OpenSearch):
+    """A real client that sends each index request a second time, as its transport does when a
+    node applies a write and stops before it answers; the caller sees only the second reply."""
+
+    def index(self, *args: Any, **kwargs: Any) -> Any:
+        super().index(*args, **kwargs)
+        return super().index(*args, **kwargs)
+
+
+def test_a_write_resent_after_its_reply_was_lost_is_not_taken_for_a_conflict(
+    registry: Registry, settings: Settings
+) -> None:
+    kb = new_kb(registry, pii_policy="off")
+    _orphan(registry, settings, kb, "resent.txt", b"Buoys mark the channel.\n", status=DocStatus.QUEUED)
+    resending = Registry(ResendingClient(hosts=settings.opensearch.urls), settings)
+    current = resending.get_doc(kb.tenant_id, kb.kb_id, "resent.txt")
+    assert current is not None
+    moved = current.doc.model_copy(update={"status": DocStatus.PARSING, "stage": Stage.PARSE})
+    written = resending.replace_doc(current, moved)  # the resend conflicts with the write itself
+    assert written.doc.status == DocStatus.PARSING
+    stored = registry.get_doc(kb.tenant_id, kb.kb_id, "resent.txt")
+    assert stored is not None
+    assert (stored.seq_no, stored.doc.status) == (written.seq_no, DocStatus.PARSING)
+    # A write that really lost the race still conflicts.
+    with pytest.raises(Conflict):
+        resending.replace_doc(current, current.doc.model_copy(update={"status": DocStatus.FAILED}))
