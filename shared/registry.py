@@ -6,6 +6,7 @@ two workers can never both advance the same document; the loser gets `Conflict` 
 
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass
 from typing import Any
 
@@ -57,15 +58,19 @@ class Registry:
     # knowledge bases
 
     def create_kb(self, kb: KnowledgeBase) -> KnowledgeBase:
+        body = kb.model_dump(mode="json")
         try:
             self.client.index(
                 index=self.kbs,
                 id=kb_key(kb.tenant_id, kb.kb_id),
-                body=kb.model_dump(mode="json"),
+                body=body,
                 op_type="create",
                 refresh="wait_for",
             )
         except ConflictError:
+            with contextlib.suppress(NotFound):  # a resent create that met itself: see replace_doc
+                if self.get_kb(kb.tenant_id, kb.kb_id).model_dump(mode="json") == body:
+                    return kb
             raise Conflict(f"knowledge base '{kb.kb_id}' already exists") from None
         return kb
 
@@ -116,15 +121,16 @@ class Registry:
 
     def create_doc(self, doc: Document) -> Versioned:
         """Insert a new record; Conflict when one exists already."""
+        body = doc.model_dump(mode="json")
         try:
             result = self.client.index(
                 index=self.docs,
                 id=doc_key(doc.tenant_id, doc.kb_id, doc.doc_id),
-                body=doc.model_dump(mode="json"),
+                body=body,
                 op_type="create",
             )
         except ConflictError:
-            raise Conflict(f"document '{doc.doc_id}' changed concurrently") from None
+            return self._own_write(doc, body)
         return Versioned(doc, result["_seq_no"], result["_primary_term"])
 
     def replace_doc(self, current: Versioned, doc: Document) -> Versioned:
@@ -140,14 +146,20 @@ class Registry:
                 if_primary_term=current.primary_term,
             )
         except ConflictError:
-            # The client resends a request whose reply it lost (a node stopped after applying
-            # it): the resend then conflicts with the write itself. The record holding exactly
-            # this body (its fresh `updated_at` included) means the write landed.
-            stored = self.get_doc(doc.tenant_id, doc.kb_id, doc.doc_id)
-            if stored is not None and stored.doc.model_dump(mode="json") == body:
-                return stored
-            raise Conflict(f"document '{doc.doc_id}' changed concurrently") from None
+            return self._own_write(doc, body)
         return Versioned(doc, result["_seq_no"], result["_primary_term"])
+
+    def _own_write(self, doc: Document, body: dict[str, Any]) -> Versioned:
+        """The stored record when it is this very write; Conflict when another write won.
+
+        The client resends a request whose reply it lost (a node stopped after applying it), and
+        the resend conflicts with the write itself. A record holding exactly this body, its fresh
+        timestamps included, means the write landed.
+        """
+        stored = self.get_doc(doc.tenant_id, doc.kb_id, doc.doc_id)
+        if stored is not None and stored.doc.model_dump(mode="json") == body:
+            return stored
+        raise Conflict(f"document '{doc.doc_id}' changed concurrently")
 
     def search_docs(
         self, query: dict[str, Any], *, size: int, sort: list[Any], search_after: list[Any] | None = None

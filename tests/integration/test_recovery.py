@@ -216,7 +216,7 @@ class ResendingClient(OpenSearch):
         return super().index(*args, **kwargs)
 
 
-def test_a_write_resent_after_its_reply_was_lost_is_not_taken_for_a_conflict(
+def test_writes_resent_after_their_reply_was_lost_are_not_taken_for_conflicts(
     registry: Registry, settings: Settings
 ) -> None:
     kb = new_kb(registry, pii_policy="off")
@@ -233,3 +233,12 @@ def test_a_write_resent_after_its_reply_was_lost_is_not_taken_for_a_conflict(
     # A write that really lost the race still conflicts.
     with pytest.raises(Conflict):
         resending.replace_doc(current, current.doc.model_copy(update={"status": DocStatus.FAILED}))
+    # Creates too: a resent create meets itself, not an existing record.
+    created = resending.create_doc(moved.model_copy(update={"doc_id": "resent-new.txt"}))
+    assert created.doc.doc_id == "resent-new.txt"
+    with pytest.raises(Conflict):
+        resending.create_doc(moved.model_copy(update={"doc_id": "resent-new.txt", "filename": "other"}))
+    other_kb = kb.model_copy(update={"kb_id": f"{kb.kb_id}-resent"})
+    assert resending.create_kb(other_kb) == other_kb
+    with pytest.raises(Conflict):
+        resending.create_kb(other_kb.model_copy(update={"name": "another"}))
