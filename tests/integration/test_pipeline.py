@@ -22,7 +22,12 @@ from tests.integration.helpers import chunks_of, new_kb, wait_terminal
 pytestmark = pytest.mark.integration
 
 PAGED = {"paper.pdf", "deck.pptx", "sheet.xlsx"}
-STRUCTURED = {"guide.md": "Installing", "page.html": "Billing", "report.docx": "Revenue"}
+STRUCTURED = {
+    "notes.txt": "MAINTENANCE",
+    "guide.md": "Installing",
+    "page.html": "Billing",
+    "report.docx": "Revenue",
+}
 
 
 @pytest.fixture(scope="module")
