@@ -191,6 +191,9 @@ def write_report(r: dict[str, Any], path: Path, plots: Path) -> None:
         "Per-stage time per chunk (ms), PII off: "
         + ", ".join(f"{k} {v}" for k, v in off["per_stage_ms_per_chunk"].items()),
         "",
+        "CPU seconds by service during the PII-off ingest (what the model shares the cores with): "
+        + ", ".join(f"{k} {v}" for k, v in off.get("cpu_seconds", {}).items()),
+        "",
         "Per-stage time per chunk (ms), PII on: "
         + ", ".join(f"{k} {v}" for k, v in on["per_stage_ms_per_chunk"].items()),
         "",

@@ -27,6 +27,7 @@ import psutil
 from rich.console import Console
 
 from bench.baselines import forget_embeddings, raw_model, restart_worker
+from bench.cpu import CpuMeter
 from bench.mcp_latency import client_validation_ms, mcp_search_ms
 from bench.pollers import Pollers
 from bench.quality import evaluate, max_pool
@@ -261,8 +262,9 @@ class Bench:
         restart_worker(workers)
         self.say(f"ingest, PII off: {len(files)} documents, {workers} worker processes")
         kb_off = self.kb("off", "off")
-        with RssSampler(self.settings) as rss:
+        with RssSampler(self.settings) as rss, CpuMeter(self.settings) as cpu:
             off = self.ingest(kb_off, files)
+        off["cpu_seconds"] = cpu.summary()
         texts = self.chunk_texts(kb_off)
         raw = self.raw_model(texts, workers)
         self.say(
