@@ -17,20 +17,39 @@ def _el(
     return {"text": text, "type": kind, "category_depth": depth, "page_number": page, "page_label": None}
 
 
+def _words(count: int, word: str) -> str:
+    return " ".join(f"{word}{i}" for i in range(count)) + "."
+
+
 def test_sections_start_new_chunks_and_carry_their_heading_path() -> None:
     elements = [
         _el("Manual", "Title", 0),
-        _el("Intro text."),
+        _el(_words(80, "intro")),
         _el("Setup", "Title", 1),
-        _el("Install it."),
+        _el(_words(80, "install")),
         _el("Usage", "Title", 1),
         _el("Run it."),
     ]
     parsed, chunks = chunk_elements(elements, 256, 32, COUNTER)
     assert [c["headings"] for c in chunks] == [["Manual"], ["Manual", "Setup"], ["Manual", "Usage"]]
-    assert chunks[1]["text"] == "Setup\n\nInstall it."
+    assert chunks[1]["text"] == "Setup\n\n" + _words(80, "install")
+    assert chunks[2]["text"] == "Usage\n\nRun it."  # no overlap carried across a section start
     for chunk in chunks:
         assert parsed[chunk["char_start"] : chunk["char_end"]] == chunk["text"]
+
+
+def test_small_sections_share_a_chunk_headed_by_the_section_holding_most_of_it() -> None:
+    elements = [
+        _el("Manual", "Title", 0),
+        _el("SYNOPSIS", "Title", 1),
+        _el("tool [options] file"),
+        _el("NOTES", "Title", 1),
+        _el(_words(60, "note")),
+    ]
+    parsed, chunks = chunk_elements(elements, 256, 32, COUNTER)
+    assert len(chunks) == 1
+    assert chunks[0]["headings"] == ["Manual", "NOTES"]
+    assert parsed[chunks[0]["char_start"] : chunks[0]["char_end"]] == parsed
 
 
 def test_long_text_respects_the_budget_and_overlaps() -> None:

@@ -20,6 +20,10 @@ from workers.runner import StageResult
 
 _SENTENCE_END = re.compile(r"(?<=[.!?])\s+(?=[\"'(\[]?[A-Z0-9])|\n+")
 _PAGE_BREAK_MIN_FILL = 0.5
+# A section shorter than this share of the budget shares its chunk with the next one: a chunk of
+# a heading and one line (a man page's SYNOPSIS, a two-line NOTES) retrieves poorly on its own and
+# costs a whole embedding. unstructured's chunk_by_title merges small sections for the same reason.
+_SECTION_MIN_FILL = 0.5
 
 
 @dataclass
@@ -127,6 +131,14 @@ def pieces_of(elements: list[dict[str, Any]], budget: int, counter: TokenCounter
     return "\n\n".join(parts), pieces
 
 
+def _main_headings(pieces: list[Piece]) -> tuple[str, ...]:
+    """The heading path of the section that holds most of a chunk's tokens."""
+    weight: dict[tuple[str, ...], int] = {}
+    for piece in pieces:
+        weight[piece.headings] = weight.get(piece.headings, 0) + piece.tokens
+    return max(weight, key=lambda headings: weight[headings])
+
+
 def pack(pieces: list[Piece], parsed: str, budget: int, overlap: int, counter: TokenCounter) -> list[Chunk]:
     """Greedily pack pieces into chunks of at most `budget` tokens."""
     chunks: list[Chunk] = []
@@ -145,13 +157,18 @@ def pack(pieces: list[Piece], parsed: str, budget: int, overlap: int, counter: T
                 token_count=0,
                 page_num=current[0].page_num,
                 page_label=current[0].page_label,
-                headings=list(current[-1].headings),
+                headings=list(_main_headings(current)),
             )
         )
 
     for piece in pieces:
         page_changed = bool(current) and piece.page_num != current[-1].page_num
-        section_break = piece.section_start and current and not all(p.section_start for p in current)
+        section_break = (
+            piece.section_start
+            and current
+            and not all(p.section_start for p in current)
+            and size >= budget * _SECTION_MIN_FILL
+        )
         # +1: joining two pieces can cost a token at the seam.
         if section_break or (page_changed and size >= budget * _PAGE_BREAK_MIN_FILL):
             close()
@@ -161,7 +178,8 @@ def pack(pieces: list[Piece], parsed: str, budget: int, overlap: int, counter: T
             carried: list[Piece] = []
             carried_size = 0
             for previous in reversed(current):
-                if carried_size + previous.tokens > overlap or previous.section_start:
+                # A new section starts clean: the tail of the last one is not its context.
+                if piece.section_start or carried_size + previous.tokens > overlap or previous.section_start:
                     break
                 carried.insert(0, previous)
                 carried_size += previous.tokens + 1
