@@ -259,7 +259,7 @@ class Bench:
     def ingest_figures(self, docs: list[dict[str, str]], workers: int) -> tuple[str, list[tuple[Path, str]]]:
         """The whole corpus, PII off, against the raw model in as many processes as the worker has."""
         files = self.write_corpus(docs, self.work / "corpus")
-        restart_worker(workers)
+        restart_worker(self.settings, workers)
         self.say(f"ingest, PII off: {len(files)} documents, {workers} worker processes")
         kb_off = self.kb("off", "off")
         with RssSampler(self.settings) as rss, CpuMeter(self.settings) as cpu:
@@ -289,7 +289,7 @@ class Bench:
         """
         runs: dict[str, Any] = {}
         for count in sorted({1, workers} if self.quick else {*SCALING, workers}):
-            restart_worker(count)
+            restart_worker(self.settings, count)
             self.say(f"scaling: {len(files)} documents with {count} worker process(es)")
             kb = self.kb(f"w{count}", "off")
             run = self.ingest(kb, files)
@@ -298,7 +298,7 @@ class Bench:
                 "raw_model": raw,
                 "ratio_to_raw": round(run["chunks_per_s"] / raw["chunks_per_s"], 3),
             }
-        restart_worker(workers)
+        restart_worker(self.settings, workers)
         self.say(f"PII on (redact): the same {len(files)} documents, {workers} worker processes, 50 pollers")
         kb_on = self.kb("on", "redact")
         doc_ids = [doc_id for _, doc_id in files]
@@ -435,7 +435,7 @@ def main(settings: Settings, server: str, api_key: str, quick: bool) -> Path:
         bench.scaling_figures(files[: SUBSET_QUICK if quick else SUBSET], workers)
         save()
     finally:
-        restart_worker(settings.celery.worker_concurrency)
+        restart_worker(settings, settings.celery.worker_concurrency)
     sample = list(query_texts.values())[: 40 if quick else 300]
     bench.latency_figures(kb, sample, server, api_key)
     save()

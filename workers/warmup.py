@@ -17,7 +17,10 @@ def warm_up() -> None:
     try:
         ctx = worker_context()
         parse.prepare()
-        encoder(ctx.settings.embedding).encode(["warm up"])
+        model = encoder(ctx.settings.embedding)
+        # The largest batch the model will see: its buffers reach their working size now, so
+        # the worker's memory is flat from the first document on.
+        model.encode(["warm up " * model.max_seq_length] * ctx.settings.embedding.batch_size)
         pii.analyzer().analyze(text="Warm up, Alice.", language="en")
     except Exception:
         log.warning("warm-up incomplete; resources will load on first use", exc_info=True)
