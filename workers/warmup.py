@@ -15,8 +15,9 @@ log = logging.getLogger(__name__)
 def warm_up() -> None:
     started = time.perf_counter()
     try:
+        # First, while this process is still small: every parse sandbox is forked from it.
+        parse.start_fork_server()
         ctx = worker_context()
-        parse.prepare()
         model = encoder(ctx.settings.embedding)
         # The largest batch the model will see: its buffers reach their working size now, so
         # the worker's memory is flat from the first document on.

@@ -69,6 +69,17 @@ def test_a_single_unbreakable_run_is_cut_at_token_boundaries() -> None:
     assert max(COUNTER.count([c["text"] for c in chunks])) <= 256 - SPECIAL_TOKENS - HEADER_TOKEN_BUDGET
 
 
+def test_a_small_section_on_a_new_page_still_starts_a_chunk() -> None:
+    elements = [
+        _el("One", "Title", 0, page=1),
+        _el("Short page.", page=1),
+        _el("Two", "Title", 0, page=2),
+        _el("Another short page.", page=2),
+    ]
+    _, chunks = chunk_elements(elements, 256, 32, COUNTER)
+    assert [(c["page_num"], c["headings"]) for c in chunks] == [(1, ["One"]), (2, ["Two"])]
+
+
 def test_pages_are_kept() -> None:
     elements = [_el("Page one text. " * 80, page=1), _el("Page two text. " * 80, page=2)]
     _, chunks = chunk_elements(elements, 256, 0, COUNTER)

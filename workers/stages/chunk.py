@@ -163,11 +163,12 @@ def pack(pieces: list[Piece], parsed: str, budget: int, overlap: int, counter: T
 
     for piece in pieces:
         page_changed = bool(current) and piece.page_num != current[-1].page_num
+        # A small section shares its chunk with the next, unless the next one also starts a page.
         section_break = (
             piece.section_start
             and current
             and not all(p.section_start for p in current)
-            and size >= budget * _SECTION_MIN_FILL
+            and (size >= budget * _SECTION_MIN_FILL or page_changed)
         )
         # +1: joining two pieces can cost a token at the seam.
         if section_break or (page_changed and size >= budget * _PAGE_BREAK_MIN_FILL):
