@@ -18,6 +18,7 @@ from mcp.server.fastmcp import Context, FastMCP
 from mcp.server.fastmcp.exceptions import ToolError
 from mcp.server.transport_security import TransportSecuritySettings
 from mcp.types import CallToolResult, ContentBlock, TextContent, ToolAnnotations
+from mcp.types import Tool as MCPTool
 from pydantic import BaseModel, Field, ValidationError
 from starlette.concurrency import run_in_threadpool
 
@@ -61,8 +62,23 @@ class IngestResult(BaseModel):
     document: DocumentStatus | None = Field(None, description="The final status when wait_seconds was given.")
 
 
+# The dialect our output schemas are written in. Left undeclared, a client validates with the
+# latest draft, and checking the schema itself against the 2020-12 meta-schema made the official
+# SDK client's check of each search result cost 13 ms instead of 2.6 ms. The schemas use only
+# draft-07 keywords ($defs is reached by JSON pointer), and draft-07 is also what ajv, the
+# TypeScript SDK's validator, assumes.
+OUTPUT_SCHEMA_DIALECT = "http://json-schema.org/draft-07/schema#"
+
+
 class RaglineMCP(FastMCP):
     """FastMCP whose tool failures read `CODE: message`, with the codes REST uses."""
+
+    async def list_tools(self) -> list[MCPTool]:
+        tools = await super().list_tools()
+        for tool in tools:
+            if tool.outputSchema is not None:
+                tool.outputSchema = {"$schema": OUTPUT_SCHEMA_DIALECT, **tool.outputSchema}
+        return tools
 
     async def call_tool(self, name: str, arguments: dict[str, Any]) -> Any:
         try:

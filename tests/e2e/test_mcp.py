@@ -15,6 +15,7 @@ from typing import Any
 import anyio
 import httpx
 import pytest
+from jsonschema import Draft7Validator
 from mcp import ClientSession, StdioServerParameters
 from mcp.client.sse import sse_client
 from mcp.client.stdio import stdio_client
@@ -71,6 +72,10 @@ async def lifecycle(session: ClientSession) -> None:
         assert tool.annotations is not None
         assert tool.annotations.readOnlyHint is (name in READ_ONLY), name
     assert tools["search"].inputSchema["properties"]["top_k"]["maximum"] == 100
+    for name, tool in tools.items():  # declared, so clients check results with the cheap draft-07 rules
+        assert tool.outputSchema is not None
+        assert tool.outputSchema["$schema"] == "http://json-schema.org/draft-07/schema#", name
+        Draft7Validator.check_schema(tool.outputSchema)
 
     kb = f"kb-{uuid.uuid4().hex[:6]}"
     await call(session, "create_knowledge_base", kb_id=kb, name="agent notes", description="test")
@@ -98,7 +103,13 @@ async def lifecycle(session: ClientSession) -> None:
         await anyio.sleep(0.2)
     assert statuses[1]["mime_type"] == "application/pdf"
     print(f"statuses seen while polling: {sorted(seen)}")
-    hits = (await call(session, "search", query="where do herons nest?", kb_ids=[kb], top_k=3))["results"]
+    found = await call(session, "search", query="where do herons nest?", kb_ids=[kb], top_k=3)
+    # The draft-07 reading of the schema still holds results to their shape.
+    search_schema = Draft7Validator(tools["search"].outputSchema or {})
+    assert search_schema.is_valid(found)
+    assert not search_schema.is_valid({**found, "results": [{**found["results"][0], "chunk_idx": "0"}]})
+    assert not search_schema.is_valid({"latency_ms": 1.0})
+    hits = found["results"]
     assert hits[0]["doc_id"] == "heron.txt"
     assert hits[0]["semantic"]["rank"] is not None
     volcano = (await call(session, "search", query="basalt columns", kb_ids=[kb], mode="keyword"))["results"]
