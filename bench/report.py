@@ -181,7 +181,7 @@ def write_report(r: dict[str, Any], path: Path, plots: Path) -> None:
         )
     on = pii["pii_on"]
     lines += [
-        f"| subset, PII on (redact), {ingest['workers']} worker processes, 50 status pollers | "
+        f"| subset, PII on (redact), {ingest['workers']} worker processes | "
         f"{on['documents']} | {on['chunks']} | {on['seconds']} | {on['docs_per_s']} | {on['chunks_per_s']} |",
         "",
         "Pipeline over raw model (chunks/s, same number of processes): "
@@ -197,7 +197,8 @@ def write_report(r: dict[str, Any], path: Path, plots: Path) -> None:
         "Per-stage time per chunk (ms), PII on: "
         + ", ".join(f"{k} {v}" for k, v in on["per_stage_ms_per_chunk"].items()),
         "",
-        f"`get_document_status` (REST) while the PII-on load ran, 50 pollers: {r['status_polling_ms']}",
+        "`get_document_status` (REST) while the 10%-edited re-ingest ran, 50 pollers: "
+        f"{r['status_polling_ms']}",
         "",
         "## Re-ingest",
         "",
