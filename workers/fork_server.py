@@ -67,7 +67,10 @@ def _serve(sock: socket.socket, prepare: Callable[[], None]) -> None:
             )
         except RaglineError as error:
             reply = ("error", error.code.value, error.message)
-        _send(sock, reply)
+        try:
+            _send(sock, reply)
+        except OSError:
+            return  # the pool process left while its parse ran
 
 
 class ForkServer:

@@ -71,8 +71,8 @@ def find(text: str, entities: list[str], threshold: float) -> list[Finding]:
 
 
 def find_each(texts: list[str], entities: list[str], threshold: float) -> list[list[Finding]]:
-    """`find` for many short texts in one analysis: each call costs Presidio's full recognizer
-    pass, so a document's 20-odd titles, headings and context headers were most of the stage.
+    """`find` for many short texts in one analysis: each call pays Presidio's fixed cost, and a
+    man page's 17-odd titles, headings and context headers took 61 ms one by one, 20 ms together.
     A finding is clipped to the text it falls in; the blank line between texts keeps the NER
     from reading two of them as one sentence."""
     starts, cursor = [], 0
