@@ -5,7 +5,9 @@
    KB's "next" alias. From then on the store stage writes new documents to both indexes.
 3. The KB's chunks are copied from the index its alias names, page by page from one scroll
    snapshot, re-encoded from their stored text (no re-parsing). Only each document's active
-   generation is copied, checked against the registry right before each page is written.
+   generation is copied, checked against the registry right before each page is written. The
+   scroll runs in document order, so a document's mean vector (kept on its first chunk for the
+   document ranking arms) is recomputed from the new vectors when its last chunk is encoded.
 4. One `_aliases` call moves the KB's alias onto the new index and drops the "next" alias:
    searches switch atomically (shared/search/placement.py). The KB record then names the model.
 5. After a grace period, in which searches that resolved the old index finish, documents changed
@@ -25,6 +27,8 @@ import time
 from datetime import timedelta
 from typing import Any
 
+import numpy as np
+
 from shared.embedding import Encoder, embedded_text, encoder, for_model
 from shared.models import DocStatus, KnowledgeBase
 from shared.registry import doc_key
@@ -40,7 +44,7 @@ from shared.search.placement import (
 )
 from shared.search.schema import chunk_index_body, create_index
 from workers.context import WorkerContext
-from workers.stages.store import bulk_index
+from workers.stages.store import bulk_index, mean_direction
 
 log = logging.getLogger(__name__)
 
@@ -94,14 +98,15 @@ def _copy(ctx: WorkerContext, kb: KnowledgeBase, source_index: str, model_encode
     """Re-encode every active chunk of the KB into the "next" alias; returns the count written."""
     following = next_alias(ctx.settings, kb.tenant_id, kb.kb_id)
     copied = 0
+    held = _HeldDocument()
     page = ctx.client.search(
         index=source_index,
         scroll="5m",
         size=PAGE,
         body={
             "query": kb_scope(kb.tenant_id, kb.kb_id),
-            "sort": ["_doc"],
-            "_source": {"excludes": ["embedding"]},
+            "sort": [{"doc_id": "asc"}, {"generation": "asc"}, {"chunk_idx": "asc"}],
+            "_source": {"excludes": ["embedding", "document_embedding"]},
         },
     )
     scroll_id = page.get("_scroll_id")
@@ -110,20 +115,57 @@ def _copy(ctx: WorkerContext, kb: KnowledgeBase, source_index: str, model_encode
             hits = page["hits"]["hits"]
             vectors = model_encoder.encode([embedded_text(h["_source"]) for h in hits])
             active = _active_generations(ctx, kb, {h["_source"]["doc_id"] for h in hits})
-            docs = [
-                (h["_id"], {**h["_source"], "embedding": v.tolist()})
-                for h, v in zip(hits, vectors, strict=True)
-                if active.get(h["_source"]["doc_id"]) == h["_source"]["generation"]
-            ]
+            docs: list[tuple[str, dict[str, Any]]] = []
+            for hit, vector in zip(hits, vectors, strict=True):
+                if active.get(hit["_source"]["doc_id"]) == hit["_source"]["generation"]:
+                    docs += held.take(hit["_id"], {**hit["_source"], "embedding": vector.tolist()})
             bulk_index(ctx.client, following, docs, require_alias=True)
             copied += len(docs)
             page = ctx.client.scroll(scroll_id=scroll_id, scroll="5m")
             scroll_id = page.get("_scroll_id", scroll_id)
+        last = held.release()
+        bulk_index(ctx.client, following, last, require_alias=True)
+        copied += len(last)
     finally:
         if scroll_id:
             ctx.client.clear_scroll(scroll_id=scroll_id, ignore=[404])
     ctx.client.indices.refresh(index=following)
     return copied
+
+
+class _HeldDocument:
+    """The first chunk of the document being copied, held until the document's mean vector is
+    complete: chunks arrive in document order, so the next document's first chunk completes it."""
+
+    def __init__(self) -> None:
+        self.key: tuple[str, int] | None = None
+        self.first: tuple[str, dict[str, Any]] | None = None
+        self.total: np.ndarray[Any, Any] | None = None
+        self.count = 0
+
+    def take(self, chunk_id: str, source: dict[str, Any]) -> list[tuple[str, dict[str, Any]]]:
+        """Add a chunk; returns the chunks now ready to write."""
+        key = (source["doc_id"], int(source["generation"]))
+        ready = self.release() if key != self.key else []
+        self.key = key
+        vector = np.asarray(source["embedding"], dtype=np.float64)
+        self.total = vector if self.total is None else self.total + vector
+        self.count += 1
+        if "document_text" in source:
+            self.first = (chunk_id, source)
+        else:
+            ready.append((chunk_id, source))
+        return ready
+
+    def release(self) -> list[tuple[str, dict[str, Any]]]:
+        """The held first chunk with its document's new mean vector; the holder starts afresh."""
+        first, total, count = self.first, self.total, self.count
+        self.key, self.first, self.total, self.count = None, None, None, 0
+        if first is None or total is None:
+            return []
+        chunk_id, source = first
+        direction = mean_direction([(total / count).tolist()])
+        return [(chunk_id, source if direction is None else {**source, "document_embedding": direction})]
 
 
 def _active_generations(ctx: WorkerContext, kb: KnowledgeBase, doc_ids: set[str]) -> dict[str, int]:

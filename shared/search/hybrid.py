@@ -1,4 +1,8 @@
-"""Hybrid search: one `_msearch` with a BM25 arm and a k-NN arm, fused in the service.
+"""Hybrid search: one `_msearch` with BM25 and k-NN arms over chunks and over documents, fused here.
+
+The chunk arms rank chunks; the document arms rank whole documents (BM25 over a document's text,
+k-NN over its mean vector, both kept on its first chunk) and lift every chunk of the documents
+they find (shared/search/fusion.py).
 
 Filters (the caller's tenant always among them, added here and never taken from the request)
 apply inside both arms. Each KB's chunks may sit in an index of another embedding model
@@ -30,6 +34,9 @@ from shared.search.placement import resolve
 from shared.search.schema import chunks_alias, docs_index
 
 KEYWORD, SEMANTIC = "keyword", "semantic"
+DOCUMENT_KEYWORD, DOCUMENT_SEMANTIC = "document_keyword", "document_semantic"
+DOCUMENT_ARMS = frozenset({DOCUMENT_KEYWORD, DOCUMENT_SEMANTIC})
+ARMS = (KEYWORD, SEMANTIC, DOCUMENT_KEYWORD, DOCUMENT_SEMANTIC)
 _SOURCE_FIELDS = [
     "tenant_id",
     "kb_id",
@@ -115,10 +122,13 @@ class SearchRequest(BaseModel):
     )
     top_k: int = Field(10, ge=1, le=100)
     mode: Mode = Mode.HYBRID
-    fusion: Fusion = Fusion.RRF
+    fusion: Fusion = Fusion.MIN_MAX
     weights: dict[str, float] | None = Field(
         None,
-        description="Arm weights, keys 'keyword' and 'semantic' (default 1/1 for rrf, 0.5/0.5 otherwise).",
+        description=(
+            "Hybrid arm weights, keys 'keyword', 'semantic', 'document_keyword', 'document_semantic'; "
+            "an arm not named weighs 0. Default: all equal."
+        ),
     )
     min_score: float | None = Field(None, ge=0, le=1, description="Similarity mode: lowest k-NN score kept.")
     filters: Filters | None = None
@@ -135,9 +145,9 @@ class SearchRequest(BaseModel):
     @classmethod
     def _weights(cls, value: dict[str, float] | None) -> dict[str, float] | None:
         if value is not None:
-            unknown = set(value) - {KEYWORD, SEMANTIC}
+            unknown = set(value) - set(ARMS)
             if unknown or any(w < 0 for w in value.values()) or not any(value.values()):
-                raise ValueError("weights take 'keyword' and 'semantic', non-negative, not both zero")
+                raise ValueError(f"weights take {', '.join(ARMS)}: non-negative, not all zero")
         return value
 
 
@@ -162,6 +172,12 @@ class Hit(BaseModel):
     highlights: list[str] = Field(default_factory=list)
     keyword: ArmResult = Field(default_factory=ArmResult)
     semantic: ArmResult = Field(default_factory=ArmResult)
+    document_keyword: ArmResult = Field(
+        default_factory=ArmResult, description="Where the hit's document ranked in the document BM25 arm."
+    )
+    document_semantic: ArmResult = Field(
+        default_factory=ArmResult, description="Where the hit's document ranked in the document k-NN arm."
+    )
 
 
 class SearchResponse(BaseModel):
@@ -237,6 +253,7 @@ class Searcher:
     ) -> dict[str, dict[str, Any]]:
         """The `_msearch` bodies of the arms this mode runs (the k-NN arm's vector from `model`)."""
         size = max(self.settings.search.candidates, request.top_k * 3)
+        vector = self.embed(request.query, model) if request.mode != Mode.KEYWORD else []
         bodies: dict[str, dict[str, Any]] = {}
         if request.mode in (Mode.HYBRID, Mode.KEYWORD):
             bodies[KEYWORD] = {
@@ -263,8 +280,23 @@ class Searcher:
                 "_source": _SOURCE_FIELDS,
                 "query": {
                     "knn": {
-                        "embedding": {
-                            "vector": self.embed(request.query, model),
+                        "embedding": {"vector": vector, "k": size, "filter": {"bool": {"filter": clauses}}}
+                    }
+                },
+            }
+        if request.mode == Mode.HYBRID:
+            bodies[DOCUMENT_KEYWORD] = {
+                "size": size,
+                "_source": _SOURCE_FIELDS,
+                "query": {"bool": {"filter": clauses, "must": [{"match": {"document_text": request.query}}]}},
+            }
+            bodies[DOCUMENT_SEMANTIC] = {
+                "size": size,
+                "_source": _SOURCE_FIELDS,
+                "query": {
+                    "knn": {
+                        "document_embedding": {
+                            "vector": vector,
                             "k": size,
                             "filter": {"bool": {"filter": clauses}},
                         }
@@ -305,12 +337,17 @@ class Searcher:
             arm: [(h, s) for h, s in ranked if _version(hits[h]["_source"]) in visible]
             for arm, ranked in arms.items()
         }
-        weights = request.weights or (
-            {KEYWORD: 1.0, SEMANTIC: 1.0} if request.fusion == Fusion.RRF else {KEYWORD: 0.5, SEMANTIC: 0.5}
-        )
-        fused = fuse(arms, request.fusion, weights, self.settings.search.rrf_k)
+        # Equal weights, as OpenSearch's hybrid normalization does by default.
+        equal = 1.0 if request.fusion == Fusion.RRF else 1 / max(len(arms), 1)
+        weights = request.weights or dict.fromkeys(arms, equal)
+        document_of = {h: _document(hits[h]["_source"]) for h in hits}
+        fused = fuse(arms, request.fusion, weights, self.settings.search.rrf_k, document_of, DOCUMENT_ARMS)
         positions = {
-            arm: {h: (rank, score) for rank, (h, score) in enumerate(r, start=1)} for arm, r in arms.items()
+            arm: {
+                document_of[h] if arm in DOCUMENT_ARMS else h: (rank, score)
+                for rank, (h, score) in enumerate(r, start=1)
+            }
+            for arm, r in arms.items()
         }
         results: list[Hit] = []
         per_doc: dict[tuple[str, str], int] = {}
@@ -320,7 +357,9 @@ class Searcher:
             if request.max_per_document is not None and per_doc.get(key, 0) >= request.max_per_document:
                 continue
             per_doc[key] = per_doc.get(key, 0) + 1
-            results.append(_hit(source, score, hits[hit_id].get("highlight", {}), positions, hit_id))
+            results.append(
+                _hit(source, score, hits[hit_id].get("highlight", {}), positions, hit_id, document_of[hit_id])
+            )
             if len(results) == request.top_k:
                 break
         return SearchResponse(results=results, latency_ms=round((time.perf_counter() - started) * 1000, 2))
@@ -360,17 +399,22 @@ def _version(source: dict[str, Any]) -> tuple[str, str, int]:
     return source["kb_id"], source["doc_id"], int(source["generation"])
 
 
+def _document(source: dict[str, Any]) -> str:
+    return f"{source['kb_id']}/{source['doc_id']}"
+
+
 def _hit(
     source: dict[str, Any],
     score: float,
     highlight: dict[str, list[str]],
     positions: dict[str, dict[str, tuple[int, float]]],
     hit_id: str,
+    document: str,
 ) -> Hit:
-    arms = {
-        arm: ArmResult(rank=p[hit_id][0], score=p[hit_id][1]) if hit_id in p else ArmResult()
-        for arm, p in positions.items()
-    }
+    arms: dict[str, ArmResult] = {}
+    for arm, ranked in positions.items():
+        key = document if arm in DOCUMENT_ARMS else hit_id
+        arms[arm] = ArmResult(rank=ranked[key][0], score=ranked[key][1]) if key in ranked else ArmResult()
     return Hit(
         text=source["text"],
         score=round(score, 6),
@@ -387,4 +431,6 @@ def _hit(
         highlights=highlight.get("text", []),
         keyword=arms.get(KEYWORD, ArmResult()),
         semantic=arms.get(SEMANTIC, ArmResult()),
+        document_keyword=arms.get(DOCUMENT_KEYWORD, ArmResult()),
+        document_semantic=arms.get(DOCUMENT_SEMANTIC, ArmResult()),
     )

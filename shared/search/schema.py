@@ -99,8 +99,31 @@ DOCS_MAPPING: dict[str, Any] = {
 }
 
 
+def _vector_field(settings: Settings, dimension: int) -> dict[str, Any]:
+    return {
+        "type": "knn_vector",
+        "dimension": dimension,
+        "method": {
+            "name": "hnsw",
+            "engine": "lucene",
+            "space_type": "cosinesimil",
+            "parameters": {
+                "m": settings.opensearch.hnsw_m,
+                "ef_construction": settings.opensearch.hnsw_ef_construction,
+            },
+        },
+    }
+
+
+def document_mapping(settings: Settings, dimension: int) -> dict[str, Any]:
+    """Whole-document fields, set on a document's first chunk only: the document ranking arms."""
+    return {
+        "document_text": {"type": "text", "analyzer": "english"},
+        "document_embedding": _vector_field(settings, dimension),
+    }
+
+
 def chunks_mapping(settings: Settings, model: str, dimension: int) -> dict[str, Any]:
-    os_settings = settings.opensearch
     return {
         "dynamic": "strict",
         # Which model made the vectors: readers pick the query encoder from the index they query.
@@ -128,19 +151,8 @@ def chunks_mapping(settings: Settings, model: str, dimension: int) -> dict[str, 
             "mime_type": {"type": "keyword"},
             "metadata": {"type": "object", "dynamic": True},
             "created_at": {"type": "date"},
-            "embedding": {
-                "type": "knn_vector",
-                "dimension": dimension,
-                "method": {
-                    "name": "hnsw",
-                    "engine": "lucene",
-                    "space_type": "cosinesimil",
-                    "parameters": {
-                        "m": os_settings.hnsw_m,
-                        "ef_construction": os_settings.hnsw_ef_construction,
-                    },
-                },
-            },
+            "embedding": _vector_field(settings, dimension),
+            **document_mapping(settings, dimension),
         },
         # Typed caller metadata: strings as keywords, numbers as doubles, ISO dates as dates
         # (date detection runs first), so filters can use equality, membership and ranges.
@@ -178,6 +190,21 @@ def ensure_indexes(client: OpenSearch, settings: Settings) -> None:
         # Indexes made before `_meta` existed learn their model (mapping `_meta` can always change).
         meta = {"embedding_model": model, "embedding_dimension": dimension}
         client.indices.put_mapping(index=physical, body={"_meta": meta})
+    add_document_fields(client, settings)
+
+
+def add_document_fields(client: OpenSearch, settings: Settings) -> None:
+    """Give chunk indexes made before the document arms their fields (adding fields is allowed).
+
+    Each index keeps its own dimension: a reembed's per-KB index may hold another model's vectors.
+    """
+    mappings = client.indices.get_mapping(index=f"{chunks_alias(settings)}-*", ignore_unavailable=True)
+    for index, mapping in mappings.items():
+        properties = mapping["mappings"].get("properties", {})
+        if "document_embedding" in properties or "embedding" not in properties:
+            continue
+        fields = document_mapping(settings, int(properties["embedding"]["dimension"]))
+        client.indices.put_mapping(index=index, body={"properties": fields})
 
 
 def chunk_index_body(

@@ -120,6 +120,17 @@ def _check_vectors(client: OpenSearch, settings: Settings, tenant: str, kb: str,
     )
     assert stored.shape[1] == model_encoder.dimension
     assert cosines.min() > 0.999
+    # Each document's first chunk carries the normalized mean of its chunks' vectors in this model.
+    by_document: dict[tuple[str, int], list[dict[str, Any]]] = {}
+    for chunk in chunks:
+        by_document.setdefault((chunk["doc_id"], chunk["generation"]), []).append(chunk)
+    for key, members in by_document.items():
+        carriers = [c for c in members if "document_embedding" in c]
+        assert [c["chunk_idx"] for c in carriers] == [min(c["chunk_idx"] for c in members)], key
+        mean = np.mean([c["embedding"] for c in members], axis=0)
+        assert np.allclose(carriers[0]["document_embedding"], mean / np.linalg.norm(mean), atol=1e-4), key
+    mapping_of_document = mapping["properties"]["document_embedding"]
+    assert mapping_of_document["dimension"] == model_encoder.dimension
     return placement.index
 
 

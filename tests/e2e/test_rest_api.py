@@ -149,6 +149,52 @@ def test_filters_max_per_document_and_min_score(server: Server, mixed_kb: str) -
             assert fused[0]["doc_id"] == "garden.txt"
 
 
+def _section(heading: str, sentence: str, mention: str) -> str:
+    filler = " ".join(f"{sentence} in year {1900 + i}." for i in range(18))
+    return f"{heading}\n\n{filler} {mention}\n\n"
+
+
+def test_document_arms_lift_every_chunk_of_a_document_that_matches_as_a_whole(server: Server) -> None:
+    keepers = "The keepers cleaned the large saltwater tank"
+    zoo = (
+        "Zoo annual report\n\n"
+        + _section("Marine wing", keepers, "A narwhal arrived.")
+        + _section("Accounts", "The treasurer balanced the ledger of the gift shop", "Tickets sold well.")
+        + _section("Australian wing", "The keepers planted eucalyptus along the path", "A quokka was born.")
+    )
+    aquarium = (
+        "Aquarium annual report\n\n"
+        + _section("Arctic tank", keepers, "A narwhal arrived.")
+        + _section("Accounts", "The treasurer balanced the ledger of the cafe", "Tickets sold well.")
+        + _section("Reef tank", "The divers planted coral along the glass", "A clownfish hatched.")
+    )
+    with server.client("a_admin") as client:
+        kb = _new_kb(client, pii_policy="off")
+        files = [
+            ("files", ("zoo.txt", zoo.encode(), "text/plain")),
+            ("files", ("aquarium.txt", aquarium.encode(), "text/plain")),
+        ]
+        assert client.post(f"/v1/kbs/{kb}/documents", files=files).status_code == 202
+        docs = wait_ready(client, kb, ["zoo.txt", "aquarium.txt"])
+        assert int(str(docs["zoo.txt"]["chunk_count"])) >= 3
+        hybrid = _search(client, "narwhal quokka", kb_ids=[kb], top_k=10)
+        # Each of zoo's chunks holds one of the words at most; the document holds both.
+        zoo_hits = [h for h in hybrid if h["doc_id"] == "zoo.txt"]
+        assert zoo_hits
+        assert all(h["document_keyword"]["rank"] == 1 for h in zoo_hits)
+        assert all(h["document_semantic"]["rank"] is not None for h in hybrid)
+        whole = {"document_keyword": 1}
+        by_document = _search(client, "narwhal quokka", kb_ids=[kb], top_k=10, weights=whole)
+        assert by_document[0]["doc_id"] == "zoo.txt"
+        # The document's share is the same for each of its chunks; the chunk arm tells them apart.
+        assert len({h["score"] for h in by_document if h["doc_id"] == "zoo.txt"}) == 1
+        by_chunk = _search(client, "narwhal quokka", kb_ids=[kb], top_k=10, weights={"keyword": 1})
+        assert len({h["score"] for h in by_chunk if h["doc_id"] == "zoo.txt"}) > 1
+        for mode in ("keyword", "similarity"):
+            single = _search(client, "narwhal quokka", kb_ids=[kb], mode=mode, top_k=10)
+            assert all(h["document_keyword"]["rank"] is None for h in single), mode
+
+
 def test_oversized_upload_is_refused_and_leaves_nothing(server: Server, settings: Settings) -> None:
     blobs = settings.state_dir / "blobstore" / "blobs"
     before = sum(1 for p in blobs.rglob("*") if p.is_file()) if blobs.exists() else 0
@@ -175,6 +221,8 @@ def test_oversized_upload_is_refused_and_leaves_nothing(server: Server, settings
         ({"query": "x", "mode": "magic"}, "mode"),
         ({"query": "x", "filters": {"metadata": {"a": {"range": {}}}}}, "filters"),
         ({"query": "x", "weights": {"keyword": -1}}, "weights"),
+        ({"query": "x", "weights": {"title": 1}}, "weights"),
+        ({"query": "x", "weights": {"keyword": 0, "document_semantic": 0}}, "weights"),
         ({"query": "x", "surprise": 1}, "surprise"),
     ],
 )

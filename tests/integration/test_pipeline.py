@@ -6,6 +6,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+import numpy as np
 import pytest
 from opensearchpy import OpenSearch
 
@@ -83,6 +84,18 @@ def test_chunks_carry_vectors_pages_and_headings(
             assert STRUCTURED[name] in holder["context"]
     pdf_pages = {c["page_num"] for c in chunks_of(opensearch, settings, kb, "paper.pdf")}
     assert pdf_pages == {1, 2}
+
+
+def test_first_chunk_carries_the_whole_documents_text_and_mean_vector(
+    corpus: tuple[KnowledgeBase, dict[str, Any]], opensearch: OpenSearch, settings: Settings
+) -> None:
+    kb, data = corpus
+    for name in data["files"]:
+        first, *rest = chunks_of(opensearch, settings, kb, name)
+        assert first["document_text"] == "\n\n".join(c["text"] for c in [first, *rest]), name
+        mean = np.mean([c["embedding"] for c in [first, *rest]], axis=0)
+        assert np.allclose(first["document_embedding"], mean / np.linalg.norm(mean), atol=1e-5), name
+        assert not any("document_text" in c or "document_embedding" in c for c in rest), name
 
 
 def test_no_chunk_exceeds_the_models_max_sequence_length(

@@ -6,6 +6,9 @@ with backoff when the failure is transient. The registry flips `active_generatio
 runner's write that marks the document ready) before the old generation's chunks are deleted,
 so a reader never finds the document without chunks.
 
+A document's first chunk also carries the whole document's fields: its text and the normalized
+mean of its chunk vectors, which the document ranking arms search (shared/search/hybrid.py).
+
 Writes go through the KB's alias (and, while a reembed runs, its "next" alias), never to a physical
 name: `require_alias` means a write can never create an index. After writing, the store resolves
 the aliases again; if a reembed moved them meanwhile it writes again to where they point now,
@@ -18,8 +21,10 @@ from __future__ import annotations
 import hashlib
 import logging
 import time
+from collections.abc import Sequence
 from typing import Any
 
+import numpy as np
 from opensearchpy import OpenSearch
 from opensearchpy.exceptions import ConnectionError as OSConnectionError
 from opensearchpy.exceptions import TransportError
@@ -39,6 +44,8 @@ log = logging.getLogger(__name__)
 BULK_ACTIONS = 200
 ITEM_RETRIES = 4
 _RETRYABLE_STATUS = {429, 502, 503, 504}
+# BM25 length normalization already discounts long documents; past this, more text only costs.
+DOCUMENT_TEXT_CHARS = 1_000_000
 
 
 def chunk_doc_id(doc: Document, generation: int, chunk_idx: int) -> str:
@@ -74,6 +81,31 @@ def chunk_source(
         "created_at": utcnow().isoformat(),
         "embedding": decode_b64(chunk["embedding_b64"]),
     }
+
+
+def mean_direction(vectors: Sequence[Sequence[float]]) -> list[float] | None:
+    """The normalized mean of `vectors`; None when it is zero (cosine similarity refuses it)."""
+    mean = np.mean(np.asarray(vectors, dtype=np.float64), axis=0)
+    norm = float(np.linalg.norm(mean))
+    return (mean / norm).tolist() if norm > 0 else None
+
+
+def document_fields(texts: Sequence[str], vectors: Sequence[Sequence[float]]) -> dict[str, Any]:
+    """The whole-document fields: its chunks' text (capped) and their normalized mean vector."""
+    fields: dict[str, Any] = {"document_text": "\n\n".join(texts)[:DOCUMENT_TEXT_CHARS]}
+    direction = mean_direction(vectors)
+    if direction is not None:
+        fields["document_embedding"] = direction
+    return fields
+
+
+def with_document_fields(sources: list[tuple[str, dict[str, Any]]]) -> list[tuple[str, dict[str, Any]]]:
+    """`sources` (a document's chunks, first chunk first) with the document's fields on the first."""
+    if not sources:
+        return sources
+    fields = document_fields([s["text"] for _, s in sources], [s["embedding"] for _, s in sources])
+    first_id, first = sources[0]
+    return [(first_id, {**first, **fields}), *sources[1:]]
 
 
 def bulk_index(
@@ -128,10 +160,12 @@ def run(ctx: WorkerContext, doc: Document, embedded: dict[str, Any]) -> StageRes
     chunks = embedded["chunks"]
     title, language = embedded["title"], embedded.get("language", "en")
     model = embedded.get("embedding_model", ctx.settings.embedding.model)
-    sources = [
-        (chunk_doc_id(doc, generation, c["chunk_idx"]), chunk_source(doc, generation, c, title, language))
-        for c in chunks
-    ]
+    sources = with_document_fields(
+        [
+            (chunk_doc_id(doc, generation, c["chunk_idx"]), chunk_source(doc, generation, c, title, language))
+            for c in chunks
+        ]
+    )
     written: list[str] = []
     for _ in range(MAX_MOVES):
         targets = write_targets(ctx.client, ctx.settings, doc.tenant_id, doc.kb_id)
@@ -167,7 +201,9 @@ def _write(
         vectors = encoder(for_model(ctx.settings.embedding, target.model)).encode(
             [embedded_text(c) for c in chunks]
         )
-        sources = [(i, {**s, "embedding": v.tolist()}) for (i, s), v in zip(sources, vectors, strict=True)]
+        sources = with_document_fields(
+            [(i, {**s, "embedding": v.tolist()}) for (i, s), v in zip(sources, vectors, strict=True)]
+        )
     try:
         bulk_index(ctx.client, target.alias, sources, require_alias=True)
     except PermanentError:
