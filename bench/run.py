@@ -356,15 +356,23 @@ class Bench:
         searcher = Searcher(self.client, self.settings)
         slices = [queries[i::4] for i in range(4)]
 
+        one = {"size": 1, "_source": ["tenant_id"], "query": {"term": {"kb_id": kb}}}
+        tenant = self.client.search(index=searcher.index, body=one)["hits"]["hits"][0]["_source"]["tenant_id"]
+
         def raw(query: str) -> Callable[[], object]:
-            def call() -> object:  # the service's own request bodies, embedding included, sent straight
-                bodies = searcher.arm_bodies(
-                    SearchRequest(query=query, kb_ids=[kb]), [{"term": {"kb_id": kb}}]
-                )
+            def call() -> object:
+                """The service's own OpenSearch requests, embedding included, sent straight: the
+                arms, then the fetch of as many hits as a search returns (the arms' best, in turn)."""
+                request = SearchRequest(query=query, kb_ids=[kb])
+                bodies = searcher.arm_bodies(request, [{"term": {"kb_id": kb}}])
                 lines: list[dict[str, Any]] = []
                 for body in bodies.values():
                     lines += [{"index": searcher.index}, body]
-                return self.client.msearch(body=lines)
+                arms = [r["hits"]["hits"] for r in self.client.msearch(body=lines)["responses"]]
+                best = dict.fromkeys(hit["_id"] for rank in zip(*arms, strict=False) for hit in rank)
+                chosen = list(best)[: request.top_k]
+                fetch = searcher.fetch_body(request, tenant, chosen)
+                return self.client.search(index=searcher.index, body=fetch)
 
             return call
 

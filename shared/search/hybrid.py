@@ -4,6 +4,11 @@ The chunk arms rank chunks; the document arms rank whole documents (BM25 over a 
 k-NN over its mean vector, both kept on its first chunk) and lift every chunk of the documents
 they find (shared/search/fusion.py).
 
+Two phases: the arms return ids, scores and the three keys fusion needs, from doc values; only
+the hits that make the answer are then fetched, with their text and highlights. Loading `_source`
+for every candidate of every arm (up to 400 per search, each with its vector, first chunks with
+their document's text) cost as much as the searches themselves.
+
 Filters (the caller's tenant always among them, added here and never taken from the request)
 apply inside both arms. Each KB's chunks may sit in an index of another embedding model
 (shared/search/placement.py): the k-NN arm runs once per model, with that model's query vector,
@@ -17,11 +22,13 @@ from __future__ import annotations
 import threading
 import time
 from collections import OrderedDict
+from dataclasses import dataclass
 from datetime import date, datetime
 from enum import StrEnum
 from typing import Any
 
 from opensearchpy import OpenSearch
+from opensearchpy.exceptions import TransportError
 from pydantic import BaseModel, Field, field_validator, model_validator
 
 from shared.config import Settings
@@ -53,6 +60,8 @@ _SOURCE_FIELDS = [
     "mime_type",
     "metadata",
 ]
+_KEY_FIELDS = ["kb_id", "doc_id", "generation"]
+_HIGHLIGHT = {"fields": {"text": {"fragment_size": 160, "number_of_fragments": 2}}}
 Scalar = str | int | float | bool
 
 
@@ -254,30 +263,14 @@ class Searcher:
         """The `_msearch` bodies of the arms this mode runs (the k-NN arm's vector from `model`)."""
         size = max(self.settings.search.candidates, request.top_k * 3)
         vector = self.embed(request.query, model) if request.mode != Mode.KEYWORD else []
+        keys: dict[str, Any] = {"size": size, "_source": False, "docvalue_fields": _KEY_FIELDS}
         bodies: dict[str, dict[str, Any]] = {}
         if request.mode in (Mode.HYBRID, Mode.KEYWORD):
-            bodies[KEYWORD] = {
-                "size": size,
-                "_source": _SOURCE_FIELDS,
-                "query": {
-                    "bool": {
-                        "filter": clauses,
-                        "must": [
-                            {
-                                "multi_match": {
-                                    "query": request.query,
-                                    "fields": ["text", "title^0.5", "headings^0.5"],
-                                }
-                            }
-                        ],
-                    }
-                },
-                "highlight": {"fields": {"text": {"fragment_size": 160, "number_of_fragments": 2}}},
-            }
+            words = {"bool": {"filter": clauses, "must": [_keyword_query(request)]}}
+            bodies[KEYWORD] = {**keys, "query": words}
         if request.mode in (Mode.HYBRID, Mode.SIMILARITY):
             bodies[SEMANTIC] = {
-                "size": size,
-                "_source": _SOURCE_FIELDS,
+                **keys,
                 "query": {
                     "knn": {
                         "embedding": {"vector": vector, "k": size, "filter": {"bool": {"filter": clauses}}}
@@ -286,13 +279,11 @@ class Searcher:
             }
         if request.mode == Mode.HYBRID:
             bodies[DOCUMENT_KEYWORD] = {
-                "size": size,
-                "_source": _SOURCE_FIELDS,
+                **keys,
                 "query": {"bool": {"filter": clauses, "must": [{"match": {"document_text": request.query}}]}},
             }
             bodies[DOCUMENT_SEMANTIC] = {
-                "size": size,
-                "_source": _SOURCE_FIELDS,
+                **keys,
                 "query": {
                     "knn": {
                         "document_embedding": {
@@ -304,6 +295,19 @@ class Searcher:
                 },
             }
         return bodies
+
+    def fetch_body(self, request: SearchRequest, tenant_id: str, hit_ids: list[str]) -> dict[str, Any]:
+        """The second phase: the answer's hits by id, with their fields and (not for similarity
+        searches, which match no words) the passages of their text that match the query."""
+        body: dict[str, Any] = {
+            "size": len(hit_ids),
+            "_source": _SOURCE_FIELDS,
+            "query": {"bool": {"filter": [{"term": {"tenant_id": tenant_id}}, {"ids": {"values": hit_ids}}]}},
+        }
+        if request.mode != Mode.SIMILARITY:
+            body["query"]["bool"]["should"] = [_keyword_query(request)]
+            body["highlight"] = _HIGHLIGHT
+        return body
 
     def search(self, tenant_id: str, kb_ids: list[str], request: SearchRequest) -> SearchResponse:
         started = time.perf_counter()
@@ -317,7 +321,7 @@ class Searcher:
                 lines += [{"index": ",".join(indexes)}, body]
                 arm_of_line.append(arm)
         responses = self.client.msearch(body=lines)["responses"]
-        hits: dict[str, dict[str, Any]] = {}
+        keys: dict[str, _Keys] = {}
         arms: dict[str, list[tuple[str, float]]] = {}
         for arm, response in zip(arm_of_line, responses, strict=True):
             if "error" in response:
@@ -326,21 +330,16 @@ class Searcher:
             for hit in response["hits"]["hits"]:
                 if arm == SEMANTIC and request.min_score is not None and hit["_score"] < request.min_score:
                     continue
-                hits.setdefault(hit["_id"], hit)
-                if "highlight" in hit:
-                    hits[hit["_id"]]["highlight"] = hit["highlight"]
+                keys.setdefault(hit["_id"], _keys(hit))
                 ranked.append((hit["_id"], float(hit["_score"])))
         # Several models' k-NN arms, or the keyword arm over several indexes: one ranking each.
         arms = {arm: sorted(ranked, key=lambda r: -r[1]) for arm, ranked in arms.items()}
-        visible = self._visible(tenant_id, [hits[h]["_source"] for h in hits])
-        arms = {
-            arm: [(h, s) for h, s in ranked if _version(hits[h]["_source"]) in visible]
-            for arm, ranked in arms.items()
-        }
+        visible = self._visible(tenant_id, list(keys.values()))
+        arms = {arm: [(h, s) for h, s in r if keys[h].version in visible] for arm, r in arms.items()}
         # Equal weights, as OpenSearch's hybrid normalization does by default.
         equal = 1.0 if request.fusion == Fusion.RRF else 1 / max(len(arms), 1)
         weights = request.weights or dict.fromkeys(arms, equal)
-        document_of = {h: _document(hits[h]["_source"]) for h in hits}
+        document_of = {h: k.document for h, k in keys.items()}
         fused = fuse(arms, request.fusion, weights, self.settings.search.rrf_k, document_of, DOCUMENT_ARMS)
         positions = {
             arm: {
@@ -349,20 +348,37 @@ class Searcher:
             }
             for arm, r in arms.items()
         }
-        results: list[Hit] = []
-        per_doc: dict[tuple[str, str], int] = {}
+        chosen: list[tuple[str, float]] = []
+        per_doc: dict[str, int] = {}
         for hit_id, score in fused:
-            source = hits[hit_id]["_source"]
-            key = (source["kb_id"], source["doc_id"])
-            if request.max_per_document is not None and per_doc.get(key, 0) >= request.max_per_document:
+            document = document_of[hit_id]
+            if request.max_per_document is not None and per_doc.get(document, 0) >= request.max_per_document:
                 continue
-            per_doc[key] = per_doc.get(key, 0) + 1
-            results.append(
-                _hit(source, score, hits[hit_id].get("highlight", {}), positions, hit_id, document_of[hit_id])
-            )
-            if len(results) == request.top_k:
+            per_doc[document] = per_doc.get(document, 0) + 1
+            chosen.append((hit_id, score))
+            if len(chosen) == request.top_k:
                 break
+        indexes = sorted({keys[h].index for h, _ in chosen})
+        fetched = self._fetch(request, tenant_id, indexes, [h for h, _ in chosen])
+        # A hit whose document was deleted or replaced between the phases is gone: it is left out.
+        results = [
+            _hit(fetched[h]["_source"], score, fetched[h].get("highlight", {}), positions, h, document_of[h])
+            for h, score in chosen
+            if h in fetched
+        ]
         return SearchResponse(results=results, latency_ms=round((time.perf_counter() - started) * 1000, 2))
+
+    def _fetch(
+        self, request: SearchRequest, tenant_id: str, indexes: list[str], hit_ids: list[str]
+    ) -> dict[str, dict[str, Any]]:
+        if not hit_ids:
+            return {}
+        body = self.fetch_body(request, tenant_id, hit_ids)
+        try:
+            response = self.client.search(index=",".join(indexes), body=body)
+        except TransportError as error:
+            raise RaglineError("the search index could not answer", code=ErrorCode.UNAVAILABLE) from error
+        return {hit["_id"]: hit for hit in response["hits"]["hits"]}
 
     def _indexes_by_model(self, tenant_id: str, kb_ids: list[str]) -> dict[str, list[str]]:
         """The physical indexes holding these KBs, grouped by embedding model.
@@ -375,9 +391,9 @@ class Searcher:
             grouped.setdefault(placement.model, set()).add(placement.index)
         return {model: sorted(indexes) for model, indexes in sorted(grouped.items())}
 
-    def _visible(self, tenant_id: str, sources: list[dict[str, Any]]) -> set[tuple[str, str, int]]:
+    def _visible(self, tenant_id: str, hits: list[_Keys]) -> set[tuple[str, str, int]]:
         """(kb, doc, generation) triples that readers may see: each document's active generation."""
-        keys = sorted({(s["kb_id"], s["doc_id"]) for s in sources})
+        keys = sorted({(h.kb_id, h.doc_id) for h in hits})
         if not keys:
             return set()
         found = self.client.mget(
@@ -395,12 +411,31 @@ class Searcher:
         return visible
 
 
-def _version(source: dict[str, Any]) -> tuple[str, str, int]:
-    return source["kb_id"], source["doc_id"], int(source["generation"])
+@dataclass(frozen=True)
+class _Keys:
+    """What the first phase returns of a hit: where it is and whose version it is."""
+
+    index: str
+    kb_id: str
+    doc_id: str
+    generation: int
+
+    @property
+    def version(self) -> tuple[str, str, int]:
+        return self.kb_id, self.doc_id, self.generation
+
+    @property
+    def document(self) -> str:
+        return f"{self.kb_id}/{self.doc_id}"
 
 
-def _document(source: dict[str, Any]) -> str:
-    return f"{source['kb_id']}/{source['doc_id']}"
+def _keys(hit: dict[str, Any]) -> _Keys:
+    fields = hit["fields"]
+    return _Keys(hit["_index"], fields["kb_id"][0], fields["doc_id"][0], int(fields["generation"][0]))
+
+
+def _keyword_query(request: SearchRequest) -> dict[str, Any]:
+    return {"multi_match": {"query": request.query, "fields": ["text", "title^0.5", "headings^0.5"]}}
 
 
 def _hit(
