@@ -59,6 +59,10 @@ class OpenSearchSettings(_Section):
     password: SecretStr | None = Field(None, description="Basic-auth password.")
     verify_certs: bool = Field(True, description="Verify TLS certificates for https URLs.")
     timeout_s: float = Field(30.0, gt=0, description="Per-request timeout in seconds.")
+    http_compress: bool = Field(
+        False,
+        description="gzip request bodies: saves bandwidth to a remote cluster; on loopback, only CPU.",
+    )
     index_prefix: str = Field(
         "ragline",
         pattern=r"^[a-z][a-z0-9_-]{0,40}$",

@@ -19,5 +19,5 @@ def build_client(settings: OpenSearchSettings) -> OpenSearch:
         timeout=settings.timeout_s,
         max_retries=3,
         retry_on_timeout=True,
-        http_compress=True,
+        http_compress=settings.http_compress,
     )
