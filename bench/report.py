@@ -96,7 +96,8 @@ def scale_note(r: dict[str, Any]) -> list[str]:
     vectors_gb = 10_000_000 * 384 * 4 / 2**30
     return [
         f"Measured: {per_chunk / 1024:.1f} KiB of index per chunk (one primary, force-merged; vectors, BM25 "
-        f"postings and `_source`), so 10 M chunks take about {per_chunk * 1e7 / 2**30:.0f} GiB per copy, "
+        "postings and `_source`, with each document's text and mean vector on its first chunk), so "
+        f"10 M chunks take about {per_chunk * 1e7 / 2**30:.0f} GiB per copy, "
         f"{2 * per_chunk * 1e7 / 2**30:.0f} GiB with one replica. The raw float32 vectors alone are "
         f"{vectors_gb:.1f} GiB; Lucene's HNSW graph is searched from the page cache, so the data nodes "
         "together want that much RAM outside the JVM heap to keep k-NN latency flat.",
@@ -135,7 +136,7 @@ def write_report(r: dict[str, Any], path: Path, plots: Path) -> None:
         "hybrid search p95 latency",
         levels,
         {
-            "raw embed + _msearch": [latency[f"raw_{c}"]["p95"] for c in levels],
+            "raw embed + _msearch + fetch": [latency[f"raw_{c}"]["p95"] for c in levels],
             "REST /v1/search": [latency[f"rest_{c}"]["p95"] for c in levels],
             "MCP search": [latency[f"mcp_{c}"]["p95"] for c in levels],
         },
