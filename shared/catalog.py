@@ -267,9 +267,9 @@ class Catalog:
 
     def readable_kb_ids(self, tenant_id: str, requested: list[str] | None) -> list[str]:
         """The caller's KBs among those requested (all when None); an unknown id is NOT_FOUND."""
-        own = {kb.kb_id for kb in self.registry.list_kbs(tenant_id)}
         if requested is None:
-            return sorted(own)
+            return sorted(kb.kb_id for kb in self.registry.list_kbs(tenant_id))
+        own = self.registry.existing_kb_ids(tenant_id, list(dict.fromkeys(requested)))
         missing = [kb for kb in requested if kb not in own]
         if missing:
             raise RaglineError(f"knowledge base '{missing[0]}' not found", code=ErrorCode.NOT_FOUND)

@@ -81,6 +81,15 @@ class Registry:
             raise NotFound(f"knowledge base '{kb_id}' not found") from None
         return KnowledgeBase.model_validate(found["_source"])
 
+    def existing_kb_ids(self, tenant_id: str, kb_ids: list[str]) -> set[str]:
+        """Which of `kb_ids` the tenant has: one realtime multi-get, no records read."""
+        if not kb_ids:
+            return set()
+        found = self.client.mget(
+            index=self.kbs, body={"ids": [kb_key(tenant_id, kb) for kb in kb_ids]}, _source=False
+        )
+        return {kb for kb, entry in zip(kb_ids, found["docs"], strict=True) if entry.get("found")}
+
     def save_kb(self, kb: KnowledgeBase) -> KnowledgeBase:
         kb.updated_at = utcnow()
         self.client.index(

@@ -37,7 +37,7 @@ from shared.errors import ErrorCode, RaglineError
 from shared.models import DocStatus
 from shared.registry import doc_key
 from shared.search.fusion import Fusion, fuse
-from shared.search.placement import resolve
+from shared.search.placement import RecentPlacements
 from shared.search.schema import chunks_alias, docs_index
 
 KEYWORD, SEMANTIC = "keyword", "semantic"
@@ -256,6 +256,7 @@ class Searcher:
         self.index = chunks_alias(settings)
         self.docs = docs_index(settings)
         self.embed = QueryEmbedder(settings)
+        self.placements = RecentPlacements(client, settings)
 
     def arm_bodies(
         self, request: SearchRequest, clauses: list[dict[str, Any]], model: str | None = None
@@ -376,7 +377,7 @@ class Searcher:
         here stays until well after the search (placement.py), always paired with its own model.
         """
         grouped: dict[str, set[str]] = {}
-        for placement in resolve(self.client, self.settings, [(tenant_id, kb) for kb in kb_ids]).values():
+        for placement in self.placements([(tenant_id, kb) for kb in kb_ids]).values():
             grouped.setdefault(placement.model, set()).add(placement.index)
         return {model: sorted(indexes) for model, indexes in sorted(grouped.items())}
 

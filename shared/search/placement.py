@@ -17,6 +17,8 @@ from __future__ import annotations
 
 import hashlib
 import re
+import threading
+import time
 from dataclasses import dataclass
 from typing import Any
 
@@ -27,6 +29,10 @@ from shared.config import Settings
 from shared.search.schema import chunks_alias, chunks_index
 
 _models: dict[str, tuple[str, int]] = {}  # physical index -> (model, dimension); never changes
+# Remembered placements: 2 s is far under the reembed swap grace (10 s, workers/reembed.py), and
+# the layering rule keeps shared/ from importing workers/, so the two are kept apart by this note.
+PLACEMENT_TTL_S = 2.0
+_PLACEMENTS_KEPT = 10_000
 
 
 @dataclass(frozen=True)
@@ -112,6 +118,34 @@ def resolve(
     return {
         names[alias]: _placement(client, alias, index) for alias, index in found.items() if alias in names
     }
+
+
+class RecentPlacements:
+    """`resolve` for searches, remembered for a moment: it saves a cluster-state round trip.
+
+    A placement is kept for PLACEMENT_TTL_S, well under the grace for which a reembed keeps the old
+    index whole after moving the alias (workers/reembed.py), so a search that uses a remembered
+    placement still finds every chunk there. Writes always resolve afresh.
+    """
+
+    def __init__(self, client: OpenSearch, settings: Settings) -> None:
+        self._client, self._settings = client, settings
+        self._known: dict[tuple[str, str], tuple[float, Placement]] = {}
+        self._lock = threading.Lock()
+
+    def __call__(self, kbs: list[tuple[str, str]]) -> dict[tuple[str, str], Placement]:
+        now = time.monotonic()
+        with self._lock:
+            recent = {kb: entry[1] for kb in kbs if (entry := self._known.get(kb)) and entry[0] > now}
+        missing = [kb for kb in kbs if kb not in recent]
+        if missing:
+            found = resolve(self._client, self._settings, missing)
+            with self._lock:
+                if len(self._known) > _PLACEMENTS_KEPT:
+                    self._known = {kb: e for kb, e in self._known.items() if e[0] > now}
+                self._known.update({kb: (now + PLACEMENT_TTL_S, p) for kb, p in found.items()})
+            recent.update(found)
+        return recent
 
 
 def write_targets(client: OpenSearch, settings: Settings, tenant_id: str, kb_id: str) -> list[Placement]:
