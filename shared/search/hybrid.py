@@ -10,8 +10,8 @@ for every candidate of every arm (up to 400 per search, each with its vector, fi
 their document's text) cost as much as the searches themselves.
 
 Filters (the caller's tenant always among them, added here and never taken from the request)
-apply inside both arms. Each KB's chunks may sit in an index of another embedding model
-(shared/search/placement.py): the k-NN arm runs once per model, with that model's query vector,
+apply inside every arm. Each KB's chunks may sit in an index of another embedding model
+(shared/search/placement.py): the k-NN arms run once per model, with that model's query vector,
 on the physical indexes resolved for this search, and the model arms merge by score. Hits of a
 document's inactive generation, or of a deleted document, are dropped after a registry lookup, so
 readers never see two versions mixed.
