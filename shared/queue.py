@@ -57,10 +57,12 @@ def enqueue(
     queue: str,
     countdown: float | None = None,
     headers: dict[str, str] | None = None,
+    retries: int = 0,
 ) -> AsyncResult[Any]:
     """Send one task by name; every send carries an expiry so a stale backlog never runs.
 
-    The message carries the current trace context, or `headers` saved when the work was accepted.
+    The message carries the current trace context, or `headers` saved when the work was accepted;
+    `retries` is what the task sees as `request.retries` (a retry sent by hand, not by Celery).
     """
     return app.send_task(
         task_name,
@@ -70,4 +72,5 @@ def enqueue(
         countdown=countdown,
         expires=settings.celery.task_expires_s,
         headers=tracing.carrier() if headers is None else headers,
+        retries=retries,
     )

@@ -5,6 +5,13 @@ only if the registry still shows that version at that stage, and it claims the d
 optimistic write (seq_no) and a lease. A duplicate or stale delivery finds the record moved on,
 or claimed under a live lease, and does nothing. Stage outputs are artifacts keyed by
 (document, version, stage), so a redelivered stage overwrites rather than duplicates.
+
+Chaining: when the next stage goes to the same queue, the task runs it at once in the same
+process instead of sending it through the broker. The hand-over write is then also the claim of
+the next stage (claimed_by, a stage lease), so a chained stage costs one registry write instead
+of a write, a read, another write and a broker round trip, and still leaves every status, timing
+and artifact as a sent stage would: a worker that dies mid-chain leaves the document claimed at
+the stage it was in, and the reconciler sends that stage when the lease runs out.
 """
 
 from __future__ import annotations
@@ -16,8 +23,9 @@ import os
 import random
 import socket
 import time
-from collections.abc import Callable
-from dataclasses import dataclass, field
+from collections import deque
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field, replace
 from datetime import timedelta
 from typing import Any, NoReturn
 
@@ -26,7 +34,7 @@ from opensearchpy.exceptions import ConnectionError as OpenSearchConnectionError
 from opensearchpy.exceptions import TransportError
 from redis.exceptions import RedisError
 
-from shared import tracing
+from shared import logs, tracing
 from shared.errors import ErrorCode, OutageError, RaglineError, TransientError
 from shared.ingest import QUEUE_LEASE, STAGE_TASK, StageRef, hand_to_reconciler
 from shared.models import PIPELINE, STAGE_STATUS, DocStatus, Document, ErrorInfo, Stage, utcnow
@@ -58,6 +66,30 @@ class StageResult:
 StageFn = Callable[[WorkerContext, Document, Any], StageResult]
 # A stage that can run several documents at once; one result (or error) per document, in order.
 BatchFn = Callable[[WorkerContext, list[tuple[Document, Any]]], list["StageResult | RaglineError"]]
+
+
+@dataclass(frozen=True)
+class Stages:
+    """What the runner runs: each stage's function, the batched stages' batch functions, and the
+    stages a task runs straight after the stage before them (never a batched one: a batch gathers
+    the documents that wait for it in the queue)."""
+
+    functions: Mapping[Stage, StageFn]
+    batches: Mapping[Stage, BatchFn]
+    chained: frozenset[Stage]
+
+
+_UNREAD = object()  # a stage input still in the blob store (the stage before ran in another task)
+
+
+@dataclass(frozen=True)
+class _Item:
+    """A document claimed for a stage; `artifact` is its input when the stage before ran here."""
+
+    ref: StageRef
+    claim: Versioned
+    artifact: Any = _UNREAD
+    trace: dict[str, str] | None = None  # the parent of a chained stage's span
 
 
 class Done(Exception):
@@ -172,6 +204,7 @@ def _fail(doc: Document, stage: Stage, error: RaglineError, previous: ErrorInfo 
 
 
 def _load_input(ctx: WorkerContext, ref: StageRef, doc: Document) -> Any:
+    """The stage's input as the stage before left it in the blob store (parse: the document's bytes)."""
     if ref.stage == Stage.PARSE:
         return ctx.blobs.path_of(doc.content_hash)
     previous = PIPELINE[PIPELINE.index(ref.stage) - 1]
@@ -183,14 +216,13 @@ def backoff(attempt: int, cap: float) -> float:
     return random.uniform(0, min(cap, 2.0**attempt))  # noqa: S311  (jitter, not security)
 
 
-def run_stage(
-    ctx: WorkerContext, ref: StageRef, fn: StageFn, retries_done: int, *, batch_fn: BatchFn | None = None
-) -> None:
-    """Run `fn` for the document in `ref` and hand the document to the next stage.
+def run_stage(ctx: WorkerContext, ref: StageRef, stages: Stages, retries_done: int) -> None:
+    """Run the stage in `ref` for its document, then hand the document to the next stage.
 
-    With `batch_fn`, the task also takes other documents waiting at the same stage and runs them
-    together (embedding many small documents in one model batch). Their own queued tasks then
-    find them moved on and do nothing.
+    A batched stage also takes other documents waiting at it (embedding many small documents in
+    one model batch); their own queued tasks then find them moved on and do nothing. The stages
+    that follow run here too while they chain (see the module docstring), for half the task's
+    soft time limit at most: a chain never outlives the limit a single stage has.
     """
     celery = ctx.settings.celery
     claimed = _claim(ctx, ref, attempt_limit=celery.max_retries + 1)
@@ -199,19 +231,60 @@ def run_stage(
             "skip %s for %s/%s v%d: stale or duplicate", ref.stage, ref.kb_id, ref.doc_id, ref.content_version
         )
         return
-    items = [(ref, claimed)]
+    items = [_Item(ref, claimed)]
     traces: dict[StageRef, dict[str, str]] = {}
-    if batch_fn is not None:
-        items += _claim_peers(ctx, ref, celery.max_retries + 1, traces)
+    if ref.stage in stages.batches:
+        peers = _claim_peers(ctx, ref, celery.max_retries + 1, traces)
+        items += [_Item(peer_ref, peer) for peer_ref, peer in peers]
+    chain_until = time.monotonic() + celery.soft_time_limit_s / 2
+    pending = deque(_run_claimed(ctx, items, stages, retries_done, traces, chain_until))
+    while pending:
+        pending.extend(_run_chained(ctx, pending.popleft(), stages, chain_until))
+
+
+def _run_chained(ctx: WorkerContext, item: _Item, stages: Stages, chain_until: float) -> list[_Item]:
+    """A chained stage, as its own task would run it: its own span, log fields and retries."""
+    ref = item.ref
+    fields = {"tenant": ref.tenant_id, "kb": ref.kb_id, "doc_id": ref.doc_id, "stage": ref.stage.value}
+    queue = item.claim.doc.queue
+    with logs.bound(**fields), tracing.span(f"stage {ref.stage.value}", item.trace, **fields):
+        try:
+            return _run_claimed(ctx, [item], stages, 0, {}, chain_until)
+        except Done:
+            pass
+        except Retry as retry:
+            # What the stage's own task would do on Celery's retry: the same stage, later, counted.
+            _send(ctx, ref, queue, countdown=retry.countdown, retries=1 if retry.counted else 0)
+        except Exception as error:
+            if not is_outage(error):
+                # Left claimed: the reconciler sends the stage again when its lease runs out.
+                log.exception("chained %s failed for %s/%s", ref.stage, ref.kb_id, ref.doc_id)
+            else:
+                _send(ctx, ref, queue, countdown=outage_countdown())
+    return []
+
+
+def _run_claimed(
+    ctx: WorkerContext,
+    items: list[_Item],
+    stages: Stages,
+    retries_done: int,
+    traces: dict[StageRef, dict[str, str]],
+    chain_until: float,
+) -> list[_Item]:
+    """Run one stage for claimed documents (the first is the task's own); returns those chained on."""
+    celery = ctx.settings.celery
+    ref = items[0].ref
+    fn, batch_fn = stages.functions[ref.stage], stages.batches.get(ref.stage)
     started = time.perf_counter()
     produced: list[StageResult | RaglineError] | Exception
-    with LeaseKeeper(ctx.registry, [c for _, c in items], stage_lease(ctx)) as keeper:
+    with LeaseKeeper(ctx.registry, [i.claim for i in items], stage_lease(ctx)) as keeper:
         try:
-            inputs = [(c.doc, _load_input(ctx, r, c.doc)) for r, c in items]
-            produced = batch_fn(ctx, inputs) if batch_fn is not None else [fn(ctx, claimed.doc, inputs[0][1])]
+            inputs = [(i.claim.doc, _input(ctx, i)) for i in items]
+            produced = batch_fn(ctx, inputs) if batch_fn is not None else [fn(ctx, *inputs[0])]
         except Exception as error:  # noqa: BLE001  (every failure is classified; none escapes untyped)
             produced = error
-    items = [(r, c) for (r, _), c in zip(items, keeper.claims(), strict=True)]
+    items = [replace(i, claim=c) for i, c in zip(items, keeper.claims(), strict=True)]
     if isinstance(produced, Exception):
         failure = classify(ref, produced)
         retrying = isinstance(failure, OutageError) or retries_done < celery.max_retries
@@ -219,20 +292,31 @@ def run_stage(
         for _ in items:
             metrics.stage_observed(ref.stage.value, outcome, (time.perf_counter() - started) / len(items))
         if failure.retryable:
-            _retry_or_fail(ctx, items, failure, retries_done)
-        for item_ref, _ in items:
-            _finish_failed(ctx, item_ref, failure)
-        return
-    results = produced
+            _retry_or_fail(ctx, [(i.ref, i.claim) for i in items], failure, retries_done)
+        for item in items:
+            _finish_failed(ctx, item.ref, failure)
+        return []
     elapsed = time.perf_counter() - started
-    weights = [max(1, c.doc.chunk_count) for _, c in items]
-    for (item_ref, item_claim), result, weight in zip(items, results, weights, strict=True):
+    weights = [max(1, i.claim.doc.chunk_count) for i in items]
+    chained: list[_Item] = []
+    for item, result, weight in zip(items, produced, weights, strict=True):
         if isinstance(result, RaglineError):
             metrics.stage_observed(ref.stage.value, "failed", elapsed * weight / sum(weights))
-            _finish_failed(ctx, item_ref, result)
-        else:
-            with _peer_span(traces, item_ref):
-                _advance(ctx, item_ref, item_claim, result, elapsed * weight / sum(weights))
+            _finish_failed(ctx, item.ref, result)
+            continue
+        may_chain = time.monotonic() < chain_until
+        with _peer_span(traces, item.ref):
+            share = elapsed * weight / sum(weights)
+            following = _advance(ctx, item.ref, item.claim, result, share, stages if may_chain else None)
+        if following is not None:
+            chained.append(following)
+    return chained
+
+
+def _input(ctx: WorkerContext, item: _Item) -> Any:
+    if item.artifact is not _UNREAD:
+        return item.artifact
+    return _load_input(ctx, item.ref, item.claim.doc)
 
 
 def classify(ref: StageRef, error: Exception) -> RaglineError:
@@ -347,13 +431,28 @@ def _finish_failed(ctx: WorkerContext, ref: StageRef, error: RaglineError) -> No
             continue
 
 
+def _chains(ctx: WorkerContext, doc: Document, stage: Stage, nxt: Stage, stages: Stages | None) -> bool:
+    """Whether this task runs `nxt` itself: a chained stage that goes to the queue `stage` came from."""
+    if stages is None or nxt not in stages.chained:
+        return False
+    return stage_queue(ctx.settings, doc.queue, nxt) == stage_queue(ctx.settings, doc.queue, stage)
+
+
 def _advance(
-    ctx: WorkerContext, ref: StageRef, claimed: Versioned, result: StageResult, elapsed: float
-) -> None:
+    ctx: WorkerContext,
+    ref: StageRef,
+    claimed: Versioned,
+    result: StageResult,
+    elapsed: float,
+    stages: Stages | None = None,
+) -> _Item | None:
+    """Record the stage's result and hand the document on: to the next stage's task, or (when it
+    chains, given `stages`) to this task, returned claimed with its input."""
     nxt = _next_stage(ref.stage)
     if nxt is not None:
         ctx.blobs.put_artifact(artifact_key(ref, ref.stage), result.artifact)
     doc = claimed.doc
+    chain = nxt is not None and _chains(ctx, doc, ref.stage, nxt, stages)
     for name, value in result.updates.items():
         setattr(doc, name, value)
     doc.timings = {**doc.timings, ref.stage.value: round(elapsed, 4)}
@@ -373,19 +472,25 @@ def _advance(
         doc.stage = nxt
         doc.attempts = 0
         doc.lease_until = utcnow() + QUEUE_LEASE
+        if chain:  # the hand-over is also the next stage's claim, as _claim would write it
+            doc.attempts = 1
+            doc.claimed_by = WORKER_ID
+            doc.lease_until = utcnow() + stage_lease(ctx)
     try:
-        ctx.registry.replace_doc(claimed, doc)
+        written = ctx.registry.replace_doc(claimed, doc)
     except Conflict:
         # Superseded while working (a new version or a delete). The newer state wins; the
         # artifacts written above belong to this version only and are never read by another.
         log.info("document %s/%s changed during %s; dropping this result", ref.kb_id, ref.doc_id, ref.stage)
-        return
+        return None
     except Exception as error:
         if nxt is not None and is_outage(error):
             # A node that stops mid-request can apply the hand-over and lose only the reply. Had
             # it landed, nothing would send the next stage: the document would sit unclaimed at
             # it for its whole queue lease. So send it anyway; if the write did not land, that
-            # task finds the document still at this stage and drops itself.
+            # task finds the document still at this stage and drops itself. (A chained hand-over
+            # that landed holds a stage lease: that task drops itself too, and the reconciler
+            # sends the stage when the lease runs out.)
             _send(ctx, StageRef(ref.tenant_id, ref.kb_id, ref.doc_id, ref.content_version, nxt), doc.queue)
         raise
     if result.after is not None:
@@ -394,18 +499,31 @@ def _advance(
         metrics.document_ready()
         log.info("document %s/%s ready: %d chunks", ref.kb_id, ref.doc_id, doc.chunk_count)
         ctx.blobs.drop_artifacts(artifact_key(ref, stage) for stage in PIPELINE)
-        return
+        return None
     next_ref = StageRef(ref.tenant_id, ref.kb_id, ref.doc_id, ref.content_version, nxt)
+    if chain:
+        return _Item(next_ref, written, result.artifact, tracing.carrier())
     if nxt in BATCHED_STAGES:
         with contextlib.suppress(RedisError):  # only an optimisation: the task below still runs
             ctx.redis.sadd(waiting_key(nxt), json.dumps({**next_ref.as_kwargs(), **tracing.carrier()}))
     _send(ctx, next_ref, doc.queue)
+    return None
 
 
-def _send(ctx: WorkerContext, ref: StageRef, queue: str) -> None:
+def _send(
+    ctx: WorkerContext, ref: StageRef, queue: str, *, countdown: float | None = None, retries: int = 0
+) -> None:
     try:
         routed = stage_queue(ctx.settings, queue, ref.stage)
-        enqueue(ctx.sender, ctx.settings, STAGE_TASK, kwargs=ref.as_kwargs(), queue=routed)
+        enqueue(
+            ctx.sender,
+            ctx.settings,
+            STAGE_TASK,
+            kwargs=ref.as_kwargs(),
+            queue=routed,
+            countdown=countdown,
+            retries=retries,
+        )
     except Exception:  # noqa: BLE001  (broker unreachable: the reconciler sends it again)
         log.warning("enqueue of %s failed for %s/%s", ref.stage, ref.kb_id, ref.doc_id)
         hand_to_reconciler(ctx.registry, ref)

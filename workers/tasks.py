@@ -19,7 +19,7 @@ from shared.models import Stage
 from shared.queue import enqueue
 from workers import leader, liveness, metrics
 from workers.context import worker_context
-from workers.pipeline import BATCH_FUNCTIONS, STAGE_FUNCTIONS
+from workers.pipeline import STAGES
 from workers.reconciler import reconcile_once
 from workers.reembed import reembed
 from workers.runner import Done, Retry, is_outage, outage_countdown, run_stage
@@ -97,7 +97,8 @@ def ping(payload: str = "") -> dict[str, Any]:
 def stage(
     self: Task[Any, Any], *, tenant_id: str, kb_id: str, doc_id: str, content_version: int, stage: str
 ) -> None:
-    """Run one stage for one document, then enqueue the next (see workers/runner.py)."""
+    """Run one stage for one document (and the stages chained after it), then enqueue the next
+    (see workers/runner.py)."""
     ref = StageRef(tenant_id, kb_id, doc_id, content_version, Stage(stage))
     parent = {name: self.request.get(name) for name in tracing.HEADERS}
     with (
@@ -105,13 +106,7 @@ def stage(
         tracing.span(f"stage {stage}", parent, tenant=tenant_id, kb=kb_id, doc_id=doc_id, stage=stage),
     ):
         try:
-            run_stage(
-                worker_context(),
-                ref,
-                STAGE_FUNCTIONS[ref.stage],
-                retries_done=self.request.retries,
-                batch_fn=BATCH_FUNCTIONS.get(ref.stage),
-            )
+            run_stage(worker_context(), ref, STAGES, retries_done=self.request.retries)
         except Done:
             return
         except Retry as retry:

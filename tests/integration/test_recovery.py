@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from dataclasses import replace
 from datetime import timedelta
 from typing import Any
 
@@ -14,6 +15,7 @@ from opensearchpy.exceptions import ConnectionError as OpenSearchConnectionError
 
 from shared.blobs import BlobStore
 from shared.config import Settings
+from shared.errors import TransientError
 from shared.ingest import QUEUE_LEASE, STAGE_TASK, Ingestor, StageRef
 from shared.models import DocStatus, Document, ErrorInfo, KnowledgeBase, Stage, utcnow
 from shared.queue import enqueue
@@ -21,7 +23,8 @@ from shared.registry import Conflict, Registry, Versioned
 from tests.integration.helpers import chunks_of, new_kb, wait_terminal
 from workers import liveness
 from workers.context import WorkerContext
-from workers.runner import _advance
+from workers.pipeline import STAGES
+from workers.runner import StageResult, _advance, run_stage
 from workers.stages import parse
 
 pytestmark = pytest.mark.integration
@@ -242,3 +245,48 @@ def test_writes_resent_after_their_reply_was_lost_are_not_taken_for_conflicts(
     assert resending.create_kb(other_kb) == other_kb
     with pytest.raises(Conflict):
         resending.create_kb(other_kb.model_copy(update={"name": "another"}))
+
+
+def test_a_chained_stage_that_fails_transiently_is_sent_again_as_its_own_task(
+    registry: Registry,
+    settings: Settings,
+    opensearch: OpenSearch,
+    sender: Celery,
+    redis_client: redis.Redis,
+) -> None:
+    kb = new_kb(registry, pii_policy="off")
+    # Queued with a long lease and no task anywhere: only this test's run_stage moves it.
+    _orphan(
+        registry,
+        settings,
+        kb,
+        "chained.txt",
+        b"The ferry leaves at dawn and returns before the fog.\n",
+        lease_until=utcnow() + QUEUE_LEASE,
+    )
+    failures: list[str] = []
+
+    def flaky_chunk(ctx: WorkerContext, doc: Document, parsed: Any) -> StageResult:
+        if not failures:
+            failures.append(doc.doc_id)
+            raise TransientError("the chunker stumbled once")
+        return STAGES.functions[Stage.CHUNK](ctx, doc, parsed)
+
+    stages = replace(STAGES, functions={**STAGES.functions, Stage.CHUNK: flaky_chunk})
+    ctx = WorkerContext(
+        settings, opensearch, registry, BlobStore(settings.state_dir / "blobstore"), sender, redis_client
+    )
+    version = registry.require_doc(kb.tenant_id, kb.kb_id, "chained.txt").doc.content_version
+    run_stage(ctx, StageRef(kb.tenant_id, kb.kb_id, "chained.txt", version, Stage.PARSE), stages, 0)
+    # Parse ran here and chunk after it, in the same call; chunk failed, so the document waits
+    # at chunk, released, for a chunk task of its own (a resent parse task would find it moved
+    # on and drop itself, and the document would wait out its 30-minute queue lease).
+    waiting = registry.require_doc(kb.tenant_id, kb.kb_id, "chained.txt").doc
+    assert failures == ["chained.txt"]
+    assert (waiting.status, waiting.claimed_by) == (DocStatus.CHUNKING, None)
+    assert waiting.error is not None
+    assert (waiting.error.stage, waiting.error.retryable) == ("chunk", True)
+    assert "parse" in waiting.timings
+    doc = wait_terminal(registry, kb, ["chained.txt"], timeout_s=120)["chained.txt"]
+    assert doc.status == DocStatus.READY
+    assert doc.error is None
