@@ -21,8 +21,9 @@ def _single(batch: BatchFn) -> StageFn:
     return run
 
 
-# Embedding batches documents together: many small documents must not mean batches of one.
-BATCH_FUNCTIONS: dict[Stage, BatchFn] = {Stage.EMBED: embed.run_batch}
+# Embedding batches documents together: many small documents must not mean batches of one; and
+# the documents of an embedding batch are stored together, with one refresh.
+BATCH_FUNCTIONS: dict[Stage, BatchFn] = {Stage.EMBED: embed.run_batch, Stage.STORE: store.run_batch}
 assert set(BATCH_FUNCTIONS) == BATCHED_STAGES, "the runner announces arrivals at exactly these stages"
 
 STAGE_FUNCTIONS: dict[Stage, StageFn] = {
@@ -31,13 +32,14 @@ STAGE_FUNCTIONS: dict[Stage, StageFn] = {
     Stage.ENRICH: enrich.run,
     Stage.PII: pii.run,
     Stage.EMBED: _single(embed.run_batch),
-    Stage.STORE: store.run,
+    Stage.STORE: _single(store.run_batch),
 }
 
 # Stages the task of the stage before runs itself when both go to the same queue (see runner.py):
 # a hop through the broker cost a registry read, two writes and a broker round trip, and on
 # manbench's man pages (10 chunks a page) the four light stages are each shorter than their hop.
+# Never embed: its batch is made of the documents that wait for it in the queue.
 CHAINED = frozenset({Stage.CHUNK, Stage.ENRICH, Stage.PII, Stage.STORE})
-assert not CHAINED & BATCHED_STAGES, "a batched stage gathers the documents waiting for it in the queue"
+assert Stage.EMBED not in CHAINED
 
 STAGES = Stages(functions=STAGE_FUNCTIONS, batches=BATCH_FUNCTIONS, chained=CHAINED)

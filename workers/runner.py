@@ -48,7 +48,7 @@ from workers.lease import LeaseKeeper
 log = logging.getLogger(__name__)
 
 PEER_DOCS = 31  # documents taken along by a batched stage, besides its own
-BATCHED_STAGES = frozenset({Stage.EMBED})
+BATCHED_STAGES = frozenset({Stage.EMBED, Stage.STORE})
 MAX_TRANSITIONS = 64
 WORKER_ID = f"{socket.gethostname()}:{os.getpid()}"
 
@@ -239,17 +239,24 @@ def run_stage(ctx: WorkerContext, ref: StageRef, stages: Stages, retries_done: i
     chain_until = time.monotonic() + celery.soft_time_limit_s / 2
     pending = deque(_run_claimed(ctx, items, stages, retries_done, traces, chain_until))
     while pending:
-        pending.extend(_run_chained(ctx, pending.popleft(), stages, chain_until))
+        # Documents a batch handed on together stay together where the next stage batches too.
+        group = [pending.popleft()]
+        if group[0].ref.stage in stages.batches:
+            group += [i for i in pending if i.ref.stage == group[0].ref.stage]
+            pending = deque(i for i in pending if i.ref.stage != group[0].ref.stage)
+        pending.extend(_run_chained(ctx, group, stages, chain_until))
 
 
-def _run_chained(ctx: WorkerContext, item: _Item, stages: Stages, chain_until: float) -> list[_Item]:
-    """A chained stage, as its own task would run it: its own span, log fields and retries."""
-    ref = item.ref
+def _run_chained(ctx: WorkerContext, items: list[_Item], stages: Stages, chain_until: float) -> list[_Item]:
+    """A chained stage, as its own task would run it: its own span, log fields and retries (the
+    first document's; the others' spans are their hand-overs, as for a batch's peers)."""
+    ref = items[0].ref
     fields = {"tenant": ref.tenant_id, "kb": ref.kb_id, "doc_id": ref.doc_id, "stage": ref.stage.value}
-    queue = item.claim.doc.queue
-    with logs.bound(**fields), tracing.span(f"stage {ref.stage.value}", item.trace, **fields):
+    queue = items[0].claim.doc.queue
+    traces = {i.ref: i.trace for i in items[1:] if i.trace}
+    with logs.bound(**fields), tracing.span(f"stage {ref.stage.value}", items[0].trace, **fields):
         try:
-            return _run_claimed(ctx, [item], stages, 0, {}, chain_until)
+            return _run_claimed(ctx, items, stages, 0, traces, chain_until)
         except Done:
             pass
         except Retry as retry:
@@ -305,7 +312,9 @@ def _run_claimed(
             _finish_failed(ctx, item.ref, result)
             continue
         may_chain = time.monotonic() < chain_until
-        with _peer_span(traces, item.ref):
+        # A batch's peers log under their own ids and record their share in their own traces.
+        mine = {"tenant": item.ref.tenant_id, "kb": item.ref.kb_id, "doc_id": item.ref.doc_id}
+        with logs.bound(**mine), _peer_span(traces, item.ref):
             share = elapsed * weight / sum(weights)
             following = _advance(ctx, item.ref, item.claim, result, share, stages if may_chain else None)
         if following is not None:

@@ -277,5 +277,7 @@ def test_many_small_documents_share_embedding_batches(registry: Registry, ingest
     docs = wait_terminal(registry, kb, names)
     assert all(doc.status == DocStatus.READY for doc in docs.values())
     batches = [doc.stats["embed"]["batch_documents"] for doc in docs.values()]
-    print(f"documents per embedding batch: {sorted(batches)}")
+    stored = [doc.stats["store"]["batch_documents"] for doc in docs.values()]
+    print(f"documents per embedding batch: {sorted(batches)}; per store (one refresh each): {sorted(stored)}")
     assert max(batches) > 1
+    assert max(stored) > 1

@@ -22,6 +22,7 @@ import hashlib
 import logging
 import time
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -30,7 +31,7 @@ from opensearchpy.exceptions import ConnectionError as OSConnectionError
 from opensearchpy.exceptions import TransportError
 
 from shared.embedding import embedded_text, encoder, for_model
-from shared.errors import ErrorCode, PermanentError, TransientError
+from shared.errors import ErrorCode, PermanentError, RaglineError, TransientError
 from shared.models import Document, utcnow
 from shared.search.chunks import delete_generations
 from shared.search.placement import Placement, write_aliases, write_targets
@@ -154,28 +155,58 @@ def bulk_index(
 
 MAX_MOVES = 5  # alias moves survived in one store; a reembed makes at most one
 
+Sources = list[tuple[str, dict[str, Any]]]
 
-def run(ctx: WorkerContext, doc: Document, embedded: dict[str, Any]) -> StageResult:
-    generation = doc.content_version
-    chunks = embedded["chunks"]
-    title, language = embedded["title"], embedded.get("language", "en")
-    model = embedded.get("embedding_model", ctx.settings.embedding.model)
-    sources = with_document_fields(
+
+@dataclass(frozen=True)
+class _Stored:
+    """A document of the batch: its position there, its chunks as indexed, its stage input."""
+
+    position: int
+    doc: Document
+    sources: Sources
+    embedded: dict[str, Any]
+
+
+def run_batch(
+    ctx: WorkerContext, items: list[tuple[Document, dict[str, Any]]]
+) -> list[StageResult | RaglineError]:
+    """Store several documents (an embedding batch handed on together) with one refresh.
+
+    A refresh per document made a Lucene segment, HNSW graphs included, per document: 27 ms of
+    OpenSearch CPU for a bulk of 5 chunks and its refresh against 6.5 ms without one, measured on
+    this stack. Documents of one KB go in the same bulk requests; a chunk the index rejects fails
+    only its own document.
+    """
+    results: list[StageResult | RaglineError] = []
+    by_kb: dict[tuple[str, str], list[_Stored]] = {}
+    for position, (doc, embedded) in enumerate(items):
+        by_kb.setdefault((doc.tenant_id, doc.kb_id), []).append(
+            _Stored(position, doc, _sources(doc, embedded), embedded)
+        )
+        results.append(_stored(ctx, doc, len(embedded["chunks"]), len(items)))
+    written: set[str] = set()
+    for (tenant_id, kb_id), docs in by_kb.items():
+        for position, error in _write_kb(ctx, tenant_id, kb_id, docs, written).items():
+            results[position] = error
+    for alias in sorted(written):
+        ctx.client.indices.refresh(index=alias)
+    return results
+
+
+def _sources(doc: Document, embedded: dict[str, Any]) -> Sources:
+    generation, title = doc.content_version, embedded["title"]
+    language = embedded.get("language", "en")
+    return with_document_fields(
         [
             (chunk_doc_id(doc, generation, c["chunk_idx"]), chunk_source(doc, generation, c, title, language))
-            for c in chunks
+            for c in embedded["chunks"]
         ]
     )
-    written: list[str] = []
-    for _ in range(MAX_MOVES):
-        targets = write_targets(ctx.client, ctx.settings, doc.tenant_id, doc.kb_id)
-        if [t.index for t in targets] == written:
-            break
-        for target in targets:
-            _write(ctx, doc, target, sources, chunks, model)
-        written = [t.index for t in targets]
-    else:
-        raise TransientError("the knowledge base's chunk index kept moving")
+
+
+def _stored(ctx: WorkerContext, doc: Document, chunk_count: int, batch_documents: int) -> StageResult:
+    generation = doc.content_version
 
     def retire_old() -> None:
         aliases = write_aliases(ctx.client, ctx.settings, doc.tenant_id, doc.kb_id)
@@ -183,33 +214,71 @@ def run(ctx: WorkerContext, doc: Document, embedded: dict[str, Any]) -> StageRes
 
     return StageResult(
         artifact=None,
-        updates={"active_generation": generation, "chunk_count": len(chunks)},
+        updates={
+            "active_generation": generation,
+            "chunk_count": chunk_count,
+            "stats": {**doc.stats, "store": {"batch_documents": batch_documents}},
+        },
         after=retire_old,
     )
 
 
-def _write(
+def _write_kb(
     ctx: WorkerContext,
-    doc: Document,
-    target: Placement,
-    sources: list[tuple[str, dict[str, Any]]],
-    chunks: list[dict[str, Any]],
-    model: str,
-) -> None:
-    """Write the chunks through `target`'s alias, with vectors of the model of its index."""
-    if target.model != model:
-        vectors = encoder(for_model(ctx.settings.embedding, target.model)).encode(
-            [embedded_text(c) for c in chunks]
-        )
-        sources = with_document_fields(
-            [(i, {**s, "embedding": v.tolist()}) for (i, s), v in zip(sources, vectors, strict=True)]
-        )
+    tenant_id: str,
+    kb_id: str,
+    docs: list[_Stored],
+    written: set[str],
+) -> dict[int, RaglineError]:
+    """Write one KB's documents wherever its aliases point, again if a reembed moves them meanwhile;
+    returns the failures by position. `written` collects the aliases to refresh."""
+    failed: dict[int, RaglineError] = {}
+    done: list[str] = []
+    for _ in range(MAX_MOVES):
+        targets = write_targets(ctx.client, ctx.settings, tenant_id, kb_id)
+        if [t.index for t in targets] == done:
+            return failed
+        for target in targets:
+            pending = [d for d in docs if d.position not in failed]
+            failed |= _write(ctx, tenant_id, kb_id, target, pending)
+            written.add(target.alias)
+        done = [t.index for t in targets]
+    moving = TransientError("the knowledge base's chunk index kept moving")
+    return {d.position: moving for d in docs}
+
+
+def _write(
+    ctx: WorkerContext, tenant_id: str, kb_id: str, target: Placement, docs: list[_Stored]
+) -> dict[int, RaglineError]:
+    """Write the documents' chunks through `target`'s alias, with vectors of its index's model."""
+    batch = [(d.position, _for_target(ctx, target, d)) for d in docs]
     try:
-        bulk_index(ctx.client, target.alias, sources, require_alias=True)
-    except PermanentError:
+        bulk_index(ctx.client, target.alias, [s for _, sources in batch for s in sources], require_alias=True)
+        return {}
+    except PermanentError as error:
         # The alias moved between resolving and writing (to an index of another dimension, or
         # away): the caller resolves again. A rejection with the aliases in place is real.
-        if target in write_targets(ctx.client, ctx.settings, doc.tenant_id, doc.kb_id):
-            raise
-        return
-    ctx.client.indices.refresh(index=target.alias)
+        if target not in write_targets(ctx.client, ctx.settings, tenant_id, kb_id):
+            return {}
+        if len(batch) == 1:
+            return {batch[0][0]: error}
+    failed: dict[int, RaglineError] = {}
+    for position, sources in batch:  # which documents the index rejects: one bulk each
+        try:
+            bulk_index(ctx.client, target.alias, sources, require_alias=True)
+        except PermanentError as error:
+            failed[position] = error
+    return failed
+
+
+def _for_target(ctx: WorkerContext, target: Placement, stored: _Stored) -> Sources:
+    """The document's chunks with vectors of `target`'s model (a reembed's new index has another)."""
+    model = stored.embedded.get("embedding_model", ctx.settings.embedding.model)
+    if target.model == model:
+        return stored.sources
+    vectors = encoder(for_model(ctx.settings.embedding, target.model)).encode(
+        [embedded_text(c) for c in stored.embedded["chunks"]]
+    )
+    return with_document_fields(
+        [(i, {**s, "embedding": v.tolist()}) for (i, s), v in zip(stored.sources, vectors, strict=True)]
+    )
