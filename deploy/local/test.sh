@@ -10,9 +10,19 @@ cd "$REPO_ROOT"
 SERVICES=(opensearch redis worker api)
 started=()
 
+# Stops what this run started, whichever instance runs now (tests restart services; stack.sh finds
+# them by the state dir). A signal to this run's process group during the teardown (Ctrl-C, timeout,
+# `kill -- -PGID`) used to end it half way, bash abandoning its EXIT trap, and leave the services
+# stopped last (redis, opensearch) running. So this shell ignores further signals, and the teardown
+# runs in a session of its own (out of reach of the group, SIGKILL included), logging to a file
+# (the terminal or pipe may be gone), all of it even when a stop fails.
 cleanup() {
-  local i
-  for ((i = ${#started[@]} - 1; i >= 0; i--)); do bash "$HERE/stack.sh" down "${started[$i]}"; done
+  trap '' HUP INT TERM
+  [ ${#started[@]} -gt 0 ] || return 0
+  local log=$LOG_DIR/test-teardown.log
+  setsid -w bash -c 'for ((i = $#; i > 0; i--)); do bash "$0" down "${!i}"; done' \
+    "$HERE/stack.sh" "${started[@]}" </dev/null >"$log" 2>&1
+  cat "$log" 2>/dev/null || true
 }
 trap cleanup EXIT
 
