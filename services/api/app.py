@@ -11,7 +11,7 @@ from fastapi import FastAPI
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from services.api import errors
-from services.api.metrics import Metrics
+from services.api.metrics import Metrics, RequestLatency
 from services.api.request_context import RequestContext
 from services.api.routes import batches, documents, health, kbs, search
 from services.api.state import AppState, build_state, prepare_indexes
@@ -102,10 +102,10 @@ def create_app(settings: Settings | None = None, state: AppState | None = None) 
     app.state.ragline = state
     app.state.metrics = Metrics(state)
     errors.install(app)
-    app.middleware("http")(app.state.metrics.middleware)
     for router in (kbs.router, documents.router, batches.router, search.router, health.router):
         app.include_router(router)
     app.router.routes.extend(routes)
+    app.add_middleware(RequestLatency, metrics=app.state.metrics)
     app.add_middleware(BodyLimit, limit=settings.api.max_request_bytes)
     app.add_middleware(RequestContext)  # added last: outermost, so even a refused body gets an id
     return app

@@ -9,13 +9,13 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Awaitable, Callable, Iterable
+from collections.abc import Iterable
 
 from prometheus_client import CollectorRegistry, Histogram, generate_latest
 from prometheus_client.core import GaugeMetricFamily, HistogramMetricFamily, Metric
 from prometheus_client.registry import Collector
-from starlette.requests import Request
 from starlette.responses import Response
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from services.api.state import AppState
 from shared.queue import all_queues
@@ -76,17 +76,39 @@ class Metrics:
         self.registry.register(LiveCollector(state))
         self.registry.register(QueueDepthCollector(state.redis, all_queues(state.settings)))
 
-    async def middleware(
-        self, request: Request, call_next: Callable[[Request], Awaitable[Response]]
-    ) -> Response:
-        started = time.perf_counter()
-        response = await call_next(request)
-        route = request.scope.get("route")
-        template = getattr(route, "path", "unmatched")
-        self.latency.labels(request.method, template, str(response.status_code)).observe(
-            time.perf_counter() - started
-        )
-        return response
+    def observe(self, method: str, scope: Scope, status: int, seconds: float) -> None:
+        route = scope.get("route")
+        self.latency.labels(method, getattr(route, "path", "unmatched"), str(status)).observe(seconds)
 
     def render(self) -> Response:
         return Response(generate_latest(self.registry), media_type="text/plain; version=0.0.4")
+
+
+class RequestLatency:
+    """Times each request until its response starts (pure ASGI: Starlette's BaseHTTPMiddleware
+    runs every response through a task group and memory streams, a streamed MCP answer most)."""
+
+    def __init__(self, app: ASGIApp, metrics: Metrics) -> None:
+        self.app = app
+        self.metrics = metrics
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        started = time.perf_counter()
+        observed = False
+
+        async def timed(message: Message) -> None:
+            nonlocal observed
+            if message["type"] == "http.response.start" and not observed:
+                observed = True
+                self.metrics.observe(scope["method"], scope, message["status"], time.perf_counter() - started)
+            await send(message)
+
+        try:
+            await self.app(scope, receive, timed)
+        except Exception:
+            if not observed:  # the server's error handler answers 500 outside this middleware
+                self.metrics.observe(scope["method"], scope, 500, time.perf_counter() - started)
+            raise

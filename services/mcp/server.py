@@ -14,6 +14,7 @@ import time
 import uuid
 from typing import Annotated, Any
 
+import pydantic_core
 from mcp.server.fastmcp import Context, FastMCP
 from mcp.server.fastmcp.exceptions import ToolError
 from mcp.server.transport_security import TransportSecuritySettings
@@ -70,6 +71,31 @@ class IngestResult(BaseModel):
 OUTPUT_SCHEMA_DIALECT = "http://json-schema.org/draft-07/schema#"
 
 
+def nullable_types(schema: Any) -> Any:
+    """`schema` with pydantic's `anyOf: [{type: T}, {type: null}]` written `type: [T, null]`.
+
+    The same constraint, checked in one step: the SDK client checks every result against the
+    output schema, and each `anyOf` branch is a subschema it descends into. A search result's
+    check took 2.5 ms instead of 3.3 on this machine.
+    """
+    if isinstance(schema, list):
+        return [nullable_types(item) for item in schema]
+    if not isinstance(schema, dict):
+        return schema
+    out = {key: nullable_types(value) for key, value in schema.items()}
+    branches = out.get("anyOf")
+    if (
+        isinstance(branches, list)
+        and len(branches) == 2
+        and {"type": "null"} in branches
+        and all(list(b) == ["type"] and isinstance(b["type"], str) for b in branches)
+    ):
+        (other,) = [b["type"] for b in branches if b["type"] != "null"]
+        del out["anyOf"]
+        out["type"] = [other, "null"]
+    return out
+
+
 class RaglineMCP(FastMCP):
     """FastMCP whose tool failures read `CODE: message`, with the codes REST uses."""
 
@@ -77,22 +103,29 @@ class RaglineMCP(FastMCP):
         tools = await super().list_tools()
         for tool in tools:
             if tool.outputSchema is not None:
-                tool.outputSchema = {"$schema": OUTPUT_SCHEMA_DIALECT, **tool.outputSchema}
+                tool.outputSchema = {"$schema": OUTPUT_SCHEMA_DIALECT, **nullable_types(tool.outputSchema)}
         return tools
 
     async def call_tool(self, name: str, arguments: dict[str, Any]) -> Any:
         try:
-            result = await super().call_tool(name, arguments)
+            # FastMCP.call_tool, without its conversion of the result: it rendered the text copy
+            # from the model with an indent and a fallback serializer (1.3 ms of a search here).
+            result = await self._tool_manager.call_tool(name, arguments, context=self.get_context())
         except ToolError as error:
             return _error_result(error.__cause__ or error)
-        if isinstance(result, tuple):
-            # FastMCP has validated the structured output against the tool's return model; the
-            # low-level server would check it again against that model's JSON schema with
-            # `jsonschema.validate`, which rebuilds its validator on every call (about 16 ms per
-            # search on this machine's CPUs). A finished result goes out as it is.
-            content, structured = result
-            return CallToolResult(content=list(content), structuredContent=structured, isError=False)
-        return result
+        if not isinstance(result, BaseModel):
+            return result
+        # Our tools return the model their output schema describes, validated as it was built.
+        # The low-level server would check it again against that schema with `jsonschema.validate`,
+        # which rebuilds its validator on every call (about 16 ms per search on this machine's
+        # CPUs): a finished result goes out as it is. Its text copy (for clients that read only
+        # text) is compact JSON: indented, a search's text was 17.8 KB instead of 15.2, read by
+        # the client and by the model.
+        structured = result.model_dump(mode="json", by_alias=True)
+        content: list[ContentBlock] = [
+            TextContent(type="text", text=pydantic_core.to_json(structured).decode())
+        ]
+        return CallToolResult(content=content, structuredContent=structured, isError=False)
 
 
 def _error_result(cause: BaseException) -> CallToolResult:

@@ -20,7 +20,7 @@ import httpx
 import pytest
 from mcp import ClientSession
 from mcp.client.streamable_http import streamablehttp_client
-from mcp.types import CallToolResult
+from mcp.types import CallToolResult, TextContent
 
 MAX_FILE_BYTES = 256 * 1024  # the test server's per-file limit
 
@@ -53,6 +53,11 @@ async def call(session: ClientSession, tool: str, **arguments: Any) -> dict[str,
     result = await session.call_tool(tool, arguments)
     assert not result.isError, (tool, result.content)
     assert result.structuredContent is not None
+    # The text copy, for clients that read only text, is the same result as compact JSON.
+    (text,) = result.content
+    assert isinstance(text, TextContent)
+    assert json.loads(text.text) == result.structuredContent
+    assert "\n " not in text.text
     return result.structuredContent
 
 

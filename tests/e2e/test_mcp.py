@@ -109,6 +109,9 @@ async def lifecycle(session: ClientSession) -> None:
     assert search_schema.is_valid(found)
     assert not search_schema.is_valid({**found, "results": [{**found["results"][0], "chunk_idx": "0"}]})
     assert not search_schema.is_valid({"latency_ms": 1.0})
+    # Optional fields are `type: [T, "null"]`: null or T, nothing else.
+    assert search_schema.is_valid({**found, "results": [{**found["results"][0], "page_num": None}]})
+    assert not search_schema.is_valid({**found, "results": [{**found["results"][0], "page_num": "1"}]})
     hits = found["results"]
     assert hits[0]["doc_id"] == "heron.txt"
     assert hits[0]["semantic"]["rank"] is not None
