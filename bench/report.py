@@ -49,14 +49,16 @@ def targets(r: dict[str, Any]) -> list[str]:
             "<= 1.3",
         ),
         _target(
-            "MCP p50 - REST p50",
+            "MCP - REST, median of paired queries at c1, bare JSON-RPC client (what the service adds)",
+            latency["mcp_bare_minus_rest_p50_ms"] < 5,
+            f"{latency['mcp_bare_minus_rest_p50_ms']:.1f} ms",
+            "< 5 ms",
+        ),
+        _target(
+            "MCP - REST, the same with the official SDK client (what an agent on it sees)",
             latency["mcp_minus_rest_p50_ms"] < 5,
-            f"{latency['mcp_minus_rest_p50_ms']:.1f} ms"
-            + (
-                f" (the SDK client's own schema check: {latency['mcp_client_schema_check_p50_ms']:.1f} ms)"
-                if "mcp_client_schema_check_p50_ms" in latency
-                else ""
-            ),
+            f"{latency['mcp_minus_rest_p50_ms']:.1f} ms (its own check of each result against the "
+            f"output schema alone: {latency['mcp_client_schema_check_p50_ms']:.1f} ms)",
             "< 5 ms",
         ),
         _target(
@@ -147,7 +149,9 @@ def write_report(r: dict[str, Any], path: Path, plots: Path) -> None:
         "",
         f"{r['cpus']} CPUs, {r['memory_gb']} GiB; corpus: {r['corpus']['documents']} manbench pages, "
         f"{r['corpus']['queries']} judged queries; {'quick' if r['quick'] else 'full'} run, "
-        f"{r['seconds']} s.",
+        f"{r['seconds']} s ("
+        + ", ".join(f"{name} {seconds} s" for name, seconds in r.get("phase_seconds", {}).items())
+        + ").",
         "",
         *(
             [
