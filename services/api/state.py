@@ -16,7 +16,7 @@ from shared.ingest import Ingestor
 from shared.queue import broker_client
 from shared.registry import Registry
 from shared.search.client import build_client
-from shared.search.hybrid import Searcher
+from shared.search.hybrid import Searcher, SearchRequest, SearchResponse
 from shared.search.schema import ensure_indexes
 
 
@@ -31,6 +31,12 @@ class AppState:
     ingestor: Ingestor
     catalog: Catalog
     searcher: Searcher
+
+    def search(self, tenant_id: str, request: SearchRequest) -> SearchResponse:
+        """A search of the caller's KBs, as both fronts run it (in one worker thread: each hop
+        from the event loop to a thread and back waits for a core under load)."""
+        kb_ids = self.catalog.readable_kb_ids(tenant_id, request.kb_ids)
+        return self.searcher.search(tenant_id, kb_ids, request)
 
 
 def build_state(settings: Settings, *, http: bool = True) -> AppState:

@@ -7,7 +7,7 @@ from mcp.server.sse import SseServerTransport
 from mcp.server.transport_security import TransportSecurityMiddleware
 from starlette.datastructures import Headers
 from starlette.requests import Request
-from starlette.routing import Mount, Route
+from starlette.routing import BaseRoute, Match, Mount, Route
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from services.api.auth import KeyRing, key_from_headers
@@ -58,7 +58,25 @@ def mcp_routes(mcp: RaglineMCP, keys: KeyRing) -> list[Route | Mount]:
             await server.run(read, write, server.create_initialization_options())
 
     return [
-        Route("/mcp", endpoint=KeyGate(StreamableHTTPASGIApp(mcp.session_manager), keys)),
-        Route("/mcp/sse", endpoint=KeyGate(handle_sse, keys)),
-        Mount("/mcp/messages/", app=KeyGate(sse.handle_post_message, keys)),
+        _Labelled("/mcp", endpoint=KeyGate(StreamableHTTPASGIApp(mcp.session_manager), keys)),
+        _Labelled("/mcp/sse", endpoint=KeyGate(handle_sse, keys)),
+        _LabelledMount("/mcp/messages/", app=KeyGate(sse.handle_post_message, keys)),
     ]
+
+
+def _named(route: BaseRoute, found: tuple[Match, Scope]) -> tuple[Match, Scope]:
+    """The route names itself in the scope, as FastAPI's do: the request metrics' route label."""
+    match, child = found
+    if match != Match.NONE:
+        child["route"] = route
+    return match, child
+
+
+class _Labelled(Route):
+    def matches(self, scope: Scope) -> tuple[Match, Scope]:
+        return _named(self, super().matches(scope))
+
+
+class _LabelledMount(Mount):
+    def matches(self, scope: Scope) -> tuple[Match, Scope]:
+        return _named(self, super().matches(scope))

@@ -228,8 +228,7 @@ def build_mcp(state: AppState, *, stdio_principal: Principal | None = None) -> R
             filters=filters,
             max_per_document=max_per_document,
         )
-        kbs = await run_in_threadpool(state.catalog.readable_kb_ids, principal.tenant, request.kb_ids)
-        return await run_in_threadpool(state.searcher.search, principal.tenant, kbs, request)
+        return await run_in_threadpool(state.search, principal.tenant, request)
 
     @mcp.tool(annotations=READ_ONLY, structured_output=True)
     async def get_document_status(

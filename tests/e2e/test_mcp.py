@@ -142,6 +142,10 @@ async def test_stdio_lifecycle() -> None:
 async def test_http_lifecycle(server: Server) -> None:
     async with http_session(server, "a_admin") as session:
         await lifecycle(session)
+    async with httpx.AsyncClient(base_url=server.url) as client:
+        metrics = (await client.get("/metrics")).text
+    # MCP traffic has its own route label in the request metrics, not "unmatched".
+    assert 'method="POST",route="/mcp",status="200"' in metrics
 
 
 async def test_ingest_waits_and_reports_progress(server: Server) -> None:
