@@ -199,6 +199,18 @@ def write_report(r: dict[str, Any], path: Path, plots: Path) -> None:
         "CPU seconds by service during the PII-off ingest (what the model shares the cores with): "
         + ", ".join(f"{k} {v}" for k, v in off.get("cpu_seconds", {}).items()),
         "",
+        *(
+            [
+                f"Before it, a throwaway load of {r['warmup']['documents']} documents warmed up a freshly "
+                f"started OpenSearch ({r['warmup']['seconds']} s, {r['warmup']['chunks_per_s']} chunks/s; "
+                "CPU seconds: "
+                + ", ".join(f"{k} {v}" for k, v in r["warmup"]["cpu_seconds"].items())
+                + "); a new JVM compiles its hot paths during its first load.",
+                "",
+            ]
+            if "warmup" in r
+            else []
+        ),
         "Per-stage time per chunk (ms), PII on: "
         + ", ".join(f"{k} {v}" for k, v in on["per_stage_ms_per_chunk"].items()),
         "",
