@@ -71,8 +71,8 @@ BatchFn = Callable[[WorkerContext, list[tuple[Document, Any]]], list["StageResul
 @dataclass(frozen=True)
 class Stages:
     """What the runner runs: each stage's function, the batched stages' batch functions, and the
-    stages a task runs straight after the stage before them (never a batched one: a batch gathers
-    the documents that wait for it in the queue)."""
+    stages a task runs straight after the stage before them (a batched one among them runs the
+    documents handed on together as its batch)."""
 
     functions: Mapping[Stage, StageFn]
     batches: Mapping[Stage, BatchFn]

@@ -113,8 +113,9 @@ class RaglineMCP(FastMCP):
             result = await self._tool_manager.call_tool(name, arguments, context=self.get_context())
         except ToolError as error:
             return _error_result(error.__cause__ or error)
-        if not isinstance(result, BaseModel):
-            return result
+        if not isinstance(result, BaseModel):  # sent as FastMCP itself would send it
+            tool = self._tool_manager.get_tool(name)
+            return tool.fn_metadata.convert_result(result) if tool is not None else result
         # Our tools return the model their output schema describes, validated as it was built.
         # The low-level server would check it again against that schema with `jsonschema.validate`,
         # which rebuilds its validator on every call (about 16 ms per search on this machine's

@@ -16,5 +16,5 @@ router = APIRouter(tags=["search"])
 async def search(body: SearchRequest, state: State, who: Reader) -> Response:
     found = await run_in_threadpool(state.search, who.tenant, body)
     # Serialized once, as built: through the response model FastAPI would dump the answer,
-    # validate the dump and serialize it again (a quarter of the route's own time for 10 hits).
+    # validate the dump and serialize it again, three passes over every hit instead of one.
     return Response(found.model_dump_json(), media_type="application/json")
