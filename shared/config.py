@@ -185,7 +185,13 @@ class EmbeddingSettings(_Section):
     backend: Literal["onnx", "sentence-transformers"] = Field(
         "onnx", description="Encoder: ONNX Runtime (fast CPU path) or sentence-transformers."
     )
-    batch_size: int = Field(32, ge=1, le=4096, description="Chunks per encode call.")
+    batch_size: int = Field(32, ge=1, le=4096, description="Texts per encode call at most.")
+    batch_tokens: int = Field(
+        256,
+        ge=1,
+        le=1_048_576,
+        description="Padded tokens per ONNX encode call at most; a longer text goes alone.",
+    )
     threads: int = Field(1, ge=1, le=64, description="Intra-op threads of the ONNX encoder per process.")
     cache_dir: Path = Field(
         Path.home() / ".cache" / "ragline" / "models",

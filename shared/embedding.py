@@ -162,7 +162,9 @@ def _normalize(vectors: npt.NDArray[Any]) -> Vectors:
 class OnnxEncoder:
     """ONNX Runtime + tokenizers with mean pooling: the sentence-transformers vectors, faster."""
 
-    def __init__(self, directory: Path, onnx_path: Path, batch_size: int, threads: int) -> None:
+    def __init__(
+        self, directory: Path, onnx_path: Path, batch_size: int, batch_tokens: int, threads: int
+    ) -> None:
         import onnxruntime as ort
 
         options = ort.SessionOptions()
@@ -177,8 +179,8 @@ class OnnxEncoder:
         self.max_seq_length = _max_seq_length(directory)
         self._tokenizer = Tokenizer.from_file(str(directory / "tokenizer.json"))
         self._tokenizer.enable_truncation(self.max_seq_length)
-        self._tokenizer.enable_padding()
-        self._batch_size = batch_size
+        self._tokenizer.no_padding()  # each call is padded to its own longest text, in encode
+        self._batch_size, self._batch_tokens = batch_size, batch_tokens
         self._counter = TokenCounter(directory)
         self.dimension = int(self._session.get_outputs()[0].shape[-1])
 
@@ -188,14 +190,15 @@ class OnnxEncoder:
     def encode(self, texts: list[str]) -> Vectors:
         if not texts:
             return np.zeros((0, self.dimension), dtype=np.float32)
-        # Batches of similar length waste less compute on padding.
-        order = sorted(range(len(texts)), key=lambda i: len(texts[i]))
+        encodings = self._tokenizer.encode_batch(texts)
+        lengths = [len(e.ids) for e in encodings]
         out = np.zeros((len(texts), self.dimension), dtype=np.float32)
-        for first in range(0, len(order), self._batch_size):
-            batch = order[first : first + self._batch_size]
-            encodings = self._tokenizer.encode_batch([texts[i] for i in batch])
-            ids = np.array([e.ids for e in encodings], dtype=np.int64)
-            mask = np.array([e.attention_mask for e in encodings], dtype=np.int64)
+        for batch in token_batches(lengths, self._batch_size, self._batch_tokens):
+            ids = np.zeros((len(batch), max(lengths[i] for i in batch)), dtype=np.int64)
+            mask = np.zeros_like(ids)
+            for row, i in enumerate(batch):
+                ids[row, : lengths[i]] = encodings[i].ids
+                mask[row, : lengths[i]] = 1
             feed = {"input_ids": ids, "attention_mask": mask}
             if "token_type_ids" in self._inputs:
                 feed["token_type_ids"] = np.zeros_like(ids)
@@ -204,6 +207,28 @@ class OnnxEncoder:
             pooled = (hidden * weights).sum(axis=1) / np.maximum(weights.sum(axis=1), 1e-9)
             out[batch] = _normalize(pooled)
         return out
+
+
+def token_batches(lengths: list[int], max_texts: int, max_tokens: int) -> list[list[int]]:
+    """Indexes of texts grouped for encode calls: similar lengths together, each call at most
+    `max_texts` texts and `max_tokens` padded tokens (a longer text goes alone).
+
+    Small calls are faster on a CPU: one call's activations and attention scores stay in the
+    core's cache. On manbench chunks (115 to 226 tokens) one 2-core machine encoded 12 chunks/s
+    a process at 32 per call, 23 at 1 per call, and 24 with a budget of 256 tokens, which also
+    groups short texts (queries, headings) and saves their per-call overhead.
+    """
+    order = sorted(range(len(lengths)), key=lambda i: lengths[i])
+    batches: list[list[int]] = []
+    current: list[int] = []
+    for i in order:  # lengths only grow, so the newest text sets the padded width
+        if current and (len(current) >= max_texts or (len(current) + 1) * lengths[i] > max_tokens):
+            batches.append(current)
+            current = []
+        current.append(i)
+    if current:
+        batches.append(current)
+    return batches
 
 
 class SentenceTransformerEncoder:
@@ -308,5 +333,7 @@ def encoder(settings: EmbeddingSettings) -> Encoder:
     """The configured encoder, built once per process."""
     directory = model_dir(settings.model, settings.cache_dir)
     if settings.backend == "onnx":
-        return OnnxEncoder(directory, onnx_model_path(settings), settings.batch_size, settings.threads)
+        return OnnxEncoder(
+            directory, onnx_model_path(settings), settings.batch_size, settings.batch_tokens, settings.threads
+        )
     return SentenceTransformerEncoder(directory, settings.batch_size)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 
 from shared.config import load_settings
-from shared.embedding import SentenceTransformerEncoder, encoder, model_dir
+from shared.embedding import SentenceTransformerEncoder, encoder, model_dir, token_batches
 
 TEXTS = [
     "How do I reset my password?",
@@ -26,3 +26,18 @@ def test_onnx_matches_sentence_transformers() -> None:
     print(f"min cosine ONNX vs sentence-transformers: {cosines.min():.6f}")
     assert cosines.min() >= 0.999
     assert np.allclose(np.linalg.norm(a, axis=1), 1.0, atol=1e-5)
+
+
+def test_token_batches_group_similar_lengths_under_the_budget() -> None:
+    lengths = [200, 3, 250, 5, 4, 300, 60, 70]
+    batches = token_batches(lengths, max_texts=32, max_tokens=256)
+    assert sorted(i for batch in batches for i in batch) == list(range(len(lengths)))
+    # 4 texts padded to 60 tokens fit in 256, a fifth at 70 would not; 300 tokens go alone.
+    assert batches == [[1, 4, 3, 6], [7], [0], [2], [5]]
+    for batch in batches:
+        assert len(batch) == 1 or len(batch) * max(lengths[i] for i in batch) <= 256
+
+
+def test_token_batches_cap_the_texts_per_call() -> None:
+    batches = token_batches([2] * 10, max_texts=4, max_tokens=10_000)
+    assert [len(batch) for batch in batches] == [4, 4, 2]
