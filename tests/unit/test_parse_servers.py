@@ -1,0 +1,96 @@
+"""Parse routing: Ragline's own kinds parse in sandboxes of the lean fork server, the rest in the full one."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any, cast
+
+import pytest
+
+from shared.config import Settings
+from shared.errors import ErrorCode, PermanentError
+from shared.models import Document
+from workers.context import WorkerContext
+from workers.fork_server import ForkServer
+from workers.stages import parse
+
+
+class _CountingServer:
+    """A real fork server that also counts the parses it was sent."""
+
+    def __init__(self, server: ForkServer) -> None:
+        self.server = server
+        self.calls = 0
+
+    def run(self, *args: Any, **kwargs: Any) -> Any:
+        self.calls += 1
+        return self.server.run(*args, **kwargs)
+
+
+@pytest.fixture
+def servers() -> Iterator[tuple[_CountingServer, _CountingServer]]:
+    parse.start_fork_server()
+    started = parse._fork_servers.pop()
+    lean, full = _CountingServer(started.lean), _CountingServer(started.full)
+    parse._fork_servers.append(cast(Any, SimpleNamespace(lean=lean, full=full)))
+    yield lean, full
+    parse._fork_servers.clear()
+    started.lean.close()
+    started.full.close()
+
+
+def _parsed(path: Path) -> dict[str, Any]:
+    ctx = cast(WorkerContext, SimpleNamespace(settings=Settings()))
+    doc = Document(
+        tenant_id="t", kb_id="kb", doc_id=path.name, content_hash="-", file_size=0, filename=path.name
+    )
+    return dict(parse.run(ctx, doc, path).artifact)
+
+
+def _in_process(path: Path) -> list[dict[str, Any]]:
+    parse.prepare()  # what the full server preloads, offline models included
+    elements = parse._parse(path, path.name, Settings().parse, ocr=False)["elements"]
+    assert isinstance(elements, list)
+    return elements
+
+
+def test_text_json_and_csv_never_reach_the_full_server(
+    servers: tuple[_CountingServer, _CountingServer], tmp_path: Path
+) -> None:
+    lean, full = servers
+    files = {
+        "notes.txt": "INSTALLATION\n\n  Run the installer, then restart the service.\n",
+        "config.json": '{"server": {"port": 8080, "host": "localhost"}}',
+        "people.csv": "name,role\nAda,engineer\nGrace,admiral\n",
+    }
+    for name, text in files.items():
+        path = tmp_path / name
+        path.write_text(text)
+        assert _parsed(path)["elements"] == _in_process(path)
+    assert (lean.calls, full.calls) == (3, 0)
+
+
+def test_other_kinds_go_on_to_the_full_server(
+    servers: tuple[_CountingServer, _CountingServer], tmp_path: Path
+) -> None:
+    lean, full = servers
+    path = tmp_path / "guide.md"
+    path.write_text("# Guide\n\nInstall the *package* first.\n\n## Upgrading\n\nRead the notes.\n")
+    parsed = _parsed(path)
+    assert parsed["mime_type"] == "text/markdown"
+    assert parsed["elements"] == _in_process(path)
+    assert (lean.calls, full.calls) == (1, 1)
+
+
+def test_a_refused_file_is_refused_by_the_lean_sandbox(
+    servers: tuple[_CountingServer, _CountingServer], tmp_path: Path
+) -> None:
+    lean, full = servers
+    path = tmp_path / "tool.bin"
+    path.write_bytes(b"\x7fELF" + bytes(200))
+    with pytest.raises(PermanentError) as refused:
+        _parsed(path)
+    assert refused.value.code == ErrorCode.UNSUPPORTED_MEDIA_TYPE
+    assert (lean.calls, full.calls) == (1, 0)
