@@ -7,6 +7,8 @@ two workers can never both advance the same document; the loser gets `Conflict` 
 from __future__ import annotations
 
 import contextlib
+from collections.abc import Iterator
+from contextvars import ContextVar
 from dataclasses import dataclass
 from typing import Any
 
@@ -47,6 +49,12 @@ def doc_key(tenant_id: str, kb_id: str, doc_id: str) -> str:
     return f"{tenant_id}/{kb_id}/{doc_id}"
 
 
+# The knowledge bases read so far in a `Registry.kb_snapshots()` block, by (tenant, kb).
+_kb_snapshots: ContextVar[dict[tuple[str, str], KnowledgeBase] | None] = ContextVar(
+    "kb_snapshots", default=None
+)
+
+
 class Registry:
     """Reads and writes knowledge bases and document records for one deployment."""
 
@@ -74,12 +82,28 @@ class Registry:
             raise Conflict(f"knowledge base '{kb.kb_id}' already exists") from None
         return kb
 
+    @contextlib.contextmanager
+    def kb_snapshots(self) -> Iterator[None]:
+        """Within the block, each knowledge base is read once: every stage a worker task runs sees
+        the same version of its settings, and a chain of light stages costs one read, not one each."""
+        token = _kb_snapshots.set({})
+        try:
+            yield
+        finally:
+            _kb_snapshots.reset(token)
+
     def get_kb(self, tenant_id: str, kb_id: str) -> KnowledgeBase:
+        snapshots = _kb_snapshots.get()
+        if snapshots is not None and (tenant_id, kb_id) in snapshots:
+            return snapshots[(tenant_id, kb_id)].model_copy(deep=True)
         try:
             found = self.client.get(index=self.kbs, id=kb_key(tenant_id, kb_id))
         except NotFoundError:
             raise NotFound(f"knowledge base '{kb_id}' not found") from None
-        return KnowledgeBase.model_validate(found["_source"])
+        kb = KnowledgeBase.model_validate(found["_source"])
+        if snapshots is not None:
+            snapshots[(tenant_id, kb_id)] = kb.model_copy(deep=True)
+        return kb
 
     def existing_kb_ids(self, tenant_id: str, kb_ids: list[str]) -> set[str]:
         """Which of `kb_ids` the tenant has: one realtime multi-get, no records read."""

@@ -222,8 +222,14 @@ def run_stage(ctx: WorkerContext, ref: StageRef, stages: Stages, retries_done: i
     A batched stage also takes other documents waiting at it (embedding many small documents in
     one model batch); their own queued tasks then find them moved on and do nothing. The stages
     that follow run here too while they chain (see the module docstring), for half the task's
-    soft time limit at most: a chain never outlives the limit a single stage has.
+    soft time limit at most: a chain never outlives the limit a single stage has. The task reads
+    each knowledge base once, so all its stages see the same settings.
     """
+    with ctx.registry.kb_snapshots():
+        _run_task(ctx, ref, stages, retries_done)
+
+
+def _run_task(ctx: WorkerContext, ref: StageRef, stages: Stages, retries_done: int) -> None:
     celery = ctx.settings.celery
     claimed = _claim(ctx, ref, attempt_limit=celery.max_retries + 1)
     if claimed is None:
