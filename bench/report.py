@@ -196,7 +196,8 @@ def write_report(r: dict[str, Any], path: Path, plots: Path) -> None:
         "Per-stage time per chunk (ms), PII off: "
         + ", ".join(f"{k} {v}" for k, v in off["per_stage_ms_per_chunk"].items()),
         "",
-        "CPU seconds by service during the PII-off ingest (what the model shares the cores with): "
+        "CPU seconds by service during the PII-off ingest (what the model shares the cores with; "
+        "opensearch_jit is the part of opensearch its JIT compiler took): "
         + ", ".join(f"{k} {v}" for k, v in off.get("cpu_seconds", {}).items()),
         "",
         *(

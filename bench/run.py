@@ -49,7 +49,7 @@ REFERENCE = {  # ../shared/eval/README.md, outside Ragline: whole page truncated
 RAW_SAMPLE, RAW_SAMPLE_QUICK = 2000, 400  # chunk texts the raw model encodes: minutes, not the whole corpus
 SCALING = (1, 2, 4)  # worker processes; a quick run measures 1 and the whole-corpus count only
 SUBSET, SUBSET_QUICK = 50, 12  # documents of the scaling and PII runs
-WARMUP = 100  # documents of the throwaway load before the measured ones (a quick run: SUBSET_QUICK)
+WARMUP = 400  # documents of the throwaway load before the measured ones (a quick run: SUBSET_QUICK)
 CORPUS_QUICK = 60  # pages of a quick run: every phase, under 5 minutes on 2 cores
 MODES: dict[str, dict[str, Any]] = {
     "keyword": {"mode": "keyword"},
@@ -270,10 +270,14 @@ class Bench:
     def warm_opensearch(self, files: list[tuple[Path, str]]) -> None:
         """A throwaway load before the measured ones, deleted after it.
 
-        The bench starts OpenSearch afresh, and a new JVM compiles its hot paths while the first
-        load runs: 27 of OpenSearch's 55 CPU seconds in a 300-page load on a fresh JVM were its C2
-        compiler. That is a cost of each OpenSearch start, not of the pipeline, and the raw model
-        is warmed up before its clock starts too. What the warm-up cost is reported.
+        `make bench` starts the local stack when it is down, and a new JVM compiles its hot
+        paths while its first loads run: a cost of each OpenSearch start, not of the pipeline (the
+        raw model is warmed up before its clock starts too). Its compiler threads took 15.6 of
+        OpenSearch's 24 CPU seconds in the first 100 manbench pages on a fresh JVM, then 13.8,
+        8.6, 6.4, 3.7 and 2.6 in each further 150 (of 23, 15, 12, 9 and 8): after 100 pages, the
+        measured load would still have paid about 40 CPU seconds of compiling; after 400, about
+        half that. What the warm-up cost is reported, and the measured phases report the
+        compiler's share.
         """
         self.say(f"warm-up: {len(files)} documents into a throwaway KB (a fresh OpenSearch JVM compiles)")
         kb = self.kb("warmup", "off")
