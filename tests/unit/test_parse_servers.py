@@ -29,8 +29,11 @@ class _CountingServer:
         return self.server.run(*args, **kwargs)
 
 
+Servers = tuple[_CountingServer, _CountingServer]  # lean, full
+
+
 @pytest.fixture
-def servers() -> Iterator[tuple[_CountingServer, _CountingServer]]:
+def servers() -> Iterator[Servers]:
     parse.start_fork_server()
     started = parse._fork_servers.pop()
     lean, full = _CountingServer(started.lean), _CountingServer(started.full)
@@ -56,9 +59,7 @@ def _in_process(path: Path) -> list[dict[str, Any]]:
     return elements
 
 
-def test_text_json_and_csv_never_reach_the_full_server(
-    servers: tuple[_CountingServer, _CountingServer], tmp_path: Path
-) -> None:
+def test_text_json_and_csv_never_reach_the_full_server(servers: Servers, tmp_path: Path) -> None:
     lean, full = servers
     files = {
         "notes.txt": "INSTALLATION\n\n  Run the installer, then restart the service.\n",
@@ -72,9 +73,7 @@ def test_text_json_and_csv_never_reach_the_full_server(
     assert (lean.calls, full.calls) == (3, 0)
 
 
-def test_other_kinds_go_on_to_the_full_server(
-    servers: tuple[_CountingServer, _CountingServer], tmp_path: Path
-) -> None:
+def test_other_kinds_go_on_to_the_full_server(servers: Servers, tmp_path: Path) -> None:
     lean, full = servers
     path = tmp_path / "guide.md"
     path.write_text("# Guide\n\nInstall the *package* first.\n\n## Upgrading\n\nRead the notes.\n")
@@ -84,9 +83,7 @@ def test_other_kinds_go_on_to_the_full_server(
     assert (lean.calls, full.calls) == (1, 1)
 
 
-def test_a_refused_file_is_refused_by_the_lean_sandbox(
-    servers: tuple[_CountingServer, _CountingServer], tmp_path: Path
-) -> None:
+def test_a_refused_file_is_refused_by_the_lean_sandbox(servers: Servers, tmp_path: Path) -> None:
     lean, full = servers
     path = tmp_path / "tool.bin"
     path.write_bytes(b"\x7fELF" + bytes(200))
