@@ -292,11 +292,10 @@ class Bench:
 
         `make bench` starts the local stack when it is down, and a new JVM compiles its hot
         paths while its first loads run: a cost of each OpenSearch start, not of the pipeline (the
-        raw model is warmed up before its clock starts too). The local stack runs OpenSearch with
-        C1 only (deploy/local/opensearch.sh), whose compiling is done within these 100 pages;
-        with C2 it went on through whole loads, 42 of OpenSearch's 102 CPU seconds in the
-        1,100-page load even after 400 pages of warm-up. What the warm-up cost is reported, and
-        the measured phases report the compiler's share.
+        raw model is warmed up before its clock starts too). On 2 cores C2 kept compiling through
+        whole loads, though: 42 of OpenSearch's 102 CPU seconds in the 1,100-page load even after
+        a 400-page warm-up, so a longer one buys nothing. What the warm-up cost is reported, and
+        the measured phases report the compiler's share (`opensearch_jit`).
         """
         self.say(f"warm-up: {len(files)} documents into a throwaway KB (a fresh OpenSearch JVM compiles)")
         kb = self.kb("warmup", "off")

@@ -23,8 +23,8 @@
 #   RAGLINE_OPENSEARCH_PORT            HTTP port (9200; of node 1)
 #   RAGLINE_OPENSEARCH_TRANSPORT_PORT  transport port (9300; of node 1)
 #   RAGLINE_OPENSEARCH_HEAP            JVM heap of each node, -Xms = -Xmx (1g)
-#   RAGLINE_OPENSEARCH_JVM_OPTS        further JVM options of each node, space-separated (none); they come last,
-#                                      so -XX:TieredStopAtLevel=4 brings back the C2 compiler (see jvm.options)
+#   RAGLINE_OPENSEARCH_JVM_OPTS        further JVM options of each node, space-separated (none), e.g.
+#                                      -XX:TieredStopAtLevel=1 for ingest-heavy small machines (README: Benchmarks)
 #   RAGLINE_OPENSEARCH_VERSION         server version (2.19.1, 2.x only); the k-NN plugin is <version>.0
 #   RAGLINE_OPENSEARCH_JAVA_HOME       JDK to run with (default: /usr/lib/jvm/java-17-openjdk-amd64)
 #   RAGLINE_OPENSEARCH_USER            unprivileged account used when invoked as root (ragline-opensearch)
@@ -463,12 +463,6 @@ EOF
 -Dlog4j.shutdownHookEnabled=false
 -Dlog4j2.disable.jmx=true
 -Djava.locale.providers=$locale
-# C1 only. On a small machine the JVM shares its cores with the embedding model, and C2 kept
-# compiling through whole loads: in the first 250 manbench pages on a fresh node it took 28 of
-# OpenSearch's 49 CPU seconds, and 42 of 102 in a 1,100-page load after 400 pages of warm-up.
-# C1's code did the same work in 21 CPU seconds, as C2's did, and the 250 pages took 110-113 s
-# instead of 122-124 s.
--XX:TieredStopAtLevel=1
 $extra
 EOF
   cat >"$CONF_DIR/log4j2.properties" <<'EOF'
