@@ -3,8 +3,8 @@
 A service is its process and all its descendants (the worker's pool processes and their parse
 sandboxes, the JVM of each OpenSearch node); a descendant that ended during the phase is counted
 through its parent's reaped-children times. OpenSearch's JIT compiler threads are also reported
-on their own (`opensearch_jit`, part of `opensearch`): a JVM compiles for its first thousand or
-so documents, which a long-running node has long since done.
+on their own (`opensearch_jit`, part of `opensearch`): on 2 cores the C2 compiler kept compiling
+through whole loads, 40 % of OpenSearch's CPU.
 """
 
 from __future__ import annotations
