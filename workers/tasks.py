@@ -3,18 +3,21 @@
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import socket
+from collections.abc import Callable
 from typing import Any
 
 import redis
 from celery import Task, shared_task
+from celery.exceptions import Retry as CeleryRetry
 from celery.signals import worker_process_init, worker_ready, worker_shutdown
 
 from shared import fairqueue, logs, tracing
 from shared.catalog import REEMBED_TASK
 from shared.config import get_settings
-from shared.ingest import STAGE_TASK, StageRef
+from shared.ingest import STAGE_TASK, StageRef, hand_to_reconciler
 from shared.models import Stage
 from shared.queue import enqueue
 from workers import leader, liveness, metrics
@@ -24,6 +27,8 @@ from workers.reconciler import reconcile_once
 from workers.reembed import reembed
 from workers.runner import Done, Retry, is_outage, outage_countdown, run_stage
 from workers.warmup import warm_up
+
+log = logging.getLogger(__name__)
 
 RECONCILER_LEASE, FEEDER_LEASE = "ragline:reconciler:leader", "ragline:fair:leader"
 # The main process's periodic jobs and heartbeat, once the worker is ready; stopped on shutdown.
@@ -110,15 +115,35 @@ def stage(
         except Done:
             return
         except Retry as retry:
-            if retry.counted:
-                raise self.retry(countdown=retry.countdown) from None
-            _send_later(self, ref, retry.countdown)
+            countdown, counted = retry.countdown, retry.counted
+            if counted:
+                _resend(ref, lambda: self.retry(countdown=countdown))
+            else:
+                _resend(ref, lambda: _send_later(self, ref, countdown))
         except Exception as error:
             if not is_outage(error):
                 raise
             # The registry or broker itself is unreachable, before or after the stage's own work:
             # nothing could be recorded, so the same delivery simply comes back later.
-            _send_later(self, ref, outage_countdown())
+            _resend(ref, lambda: _send_later(self, ref, outage_countdown()))
+
+
+def _resend(ref: StageRef, send: Callable[[], object]) -> None:
+    """Send the stage again; with the broker down, expire the document's queue lease instead.
+
+    The stage released the document with a queue lease (30 min) for this send to cover; a lost
+    send left it unsent for that long (a Redis stop mid-load met it in the fault tests). The
+    reconciler's next round sends it once the broker is back.
+    """
+    try:
+        send()
+    except CeleryRetry:
+        raise  # what Task.retry raises once the retry is sent: Celery's own signal, not a failure
+    except Exception:  # noqa: BLE001  (broker unreachable, any error type)
+        log.warning(
+            "resending %s failed for %s/%s; handed to the reconciler", ref.stage, ref.kb_id, ref.doc_id
+        )
+        hand_to_reconciler(worker_context().registry, ref)
 
 
 def _send_later(task: Task[Any, Any], ref: StageRef, countdown: float) -> None:
