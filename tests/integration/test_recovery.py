@@ -10,6 +10,8 @@ from typing import Any
 import pytest
 import redis
 from celery import Celery
+from celery.exceptions import Retry as CeleryRetry
+from kombu.exceptions import OperationalError
 from opensearchpy import OpenSearch
 from opensearchpy.exceptions import ConnectionError as OpenSearchConnectionError
 
@@ -26,6 +28,7 @@ from workers.context import WorkerContext
 from workers.pipeline import STAGES
 from workers.runner import StageResult, _advance, run_stage
 from workers.stages import parse
+from workers.tasks import _resend
 
 pytestmark = pytest.mark.integration
 
@@ -290,3 +293,37 @@ def test_a_chained_stage_that_fails_transiently_is_sent_again_as_its_own_task(
     doc = wait_terminal(registry, kb, ["chained.txt"], timeout_s=120)["chained.txt"]
     assert doc.status == DocStatus.READY
     assert doc.error is None
+
+
+def test_a_resend_the_broker_refuses_hands_the_document_to_the_reconciler(
+    registry: Registry, settings: Settings
+) -> None:
+    """A stage released for retry holds a 30-minute queue lease for its resend to cover; when the
+    broker refuses the resend, the lease is expired so that the reconciler's next round sends it."""
+    kb = new_kb(registry, pii_policy="off")
+    _orphan(
+        registry,
+        settings,
+        kb,
+        "held.txt",
+        b"The ferry leaves at dawn.\n",
+        status=DocStatus.EMBEDDING,
+        stage=Stage.EMBED,
+        lease_until=utcnow() + QUEUE_LEASE,
+    )
+    ref = StageRef(kb.tenant_id, kb.kb_id, "held.txt", 1, Stage.EMBED)
+
+    def refused() -> None:
+        raise OperationalError("Error 111 connecting to 127.0.0.1:6379. Connection refused.")
+
+    before = utcnow()
+    _resend(ref, refused)
+    lease = registry.require_doc(kb.tenant_id, kb.kb_id, "held.txt").doc.lease_until
+    assert lease is not None
+    assert before <= lease <= utcnow()
+
+    def sent() -> None:
+        raise CeleryRetry("sent")  # what Task.retry raises once the retry is on the broker
+
+    with pytest.raises(CeleryRetry):
+        _resend(ref, sent)
