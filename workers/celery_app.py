@@ -40,7 +40,13 @@ def celery_config(settings: Settings) -> dict[str, Any]:
             "queue_order_strategy": "priority",
         },
         "result_backend_transport_options": {"visibility_timeout": celery.visibility_timeout_s},
-        "worker_cancel_long_running_tasks_on_connection_loss": True,
+        # A task running when the broker connection drops finishes its stage: stages are fenced and
+        # recovered through the registry, not through the message. Celery's cancelling killed the
+        # pool process mid-stage (and one between releasing its document for a retry and sending
+        # that retry left the document for its lease); its message is left to Redis instead.
+        "worker_cancel_long_running_tasks_on_connection_loss": False,
+        # Recovers the tasks a lost broker connection takes with it (see workers/consumer.py).
+        "worker_consumer": "workers.consumer:RecoveringConsumer",
         # A pool process loads its models before it reports up (workers/tasks.py _warm_up); on a
         # busy host that outlasts Celery's 4 s default, and a pool process replaced after a broker
         # outage was then killed and respawned forever.

@@ -26,7 +26,7 @@ import time
 from collections import deque
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
-from datetime import timedelta
+from datetime import datetime, timedelta
 from typing import Any, NoReturn
 
 from celery.exceptions import SoftTimeLimitExceeded
@@ -363,23 +363,28 @@ def _retry_or_fail(
     """
     celery = ctx.settings.celery
     (own_ref, own), peers = items[0], items[1:]
-    _release_for_retry(ctx, own_ref, own, error)
+    outage = isinstance(error, OutageError)
+    countdown = outage_countdown() if outage else backoff(retries_done + 1, celery.retry_backoff_max_s)
+    # The task's resend covers its own document: should this process die before sending it, the
+    # document waits one stage lease past the countdown for the reconciler, not the queue lease.
+    resent_by = utcnow() + timedelta(seconds=countdown) + stage_lease(ctx)
+    _release_for_retry(ctx, own_ref, own, error, resent_by)
     for peer_ref, peer in peers:
         # A peer's own task may have come and gone while this one held it: send it again, even
         # when the release fails (it may have landed all the same; if not, the claim's lease runs
         # out and the reconciler sends it).
         try:
-            _release_for_retry(ctx, peer_ref, peer, error)
+            _release_for_retry(ctx, peer_ref, peer, error, utcnow() + QUEUE_LEASE)
         finally:
             _send(ctx, peer_ref, peer.doc.queue)
-    if isinstance(error, OutageError):
+    if outage:
         metrics.retried(own_ref.stage.value, error.code.value)
-        raise Retry(outage_countdown(), counted=False)
+        raise Retry(countdown, counted=False)
     if retries_done >= celery.max_retries:
         _finish_failed(ctx, own_ref, RaglineError(error.message, code=ErrorCode.RETRIES_EXHAUSTED))
         raise Done
     metrics.retried(own_ref.stage.value, error.code.value)
-    raise Retry(backoff(retries_done + 1, celery.retry_backoff_max_s))
+    raise Retry(countdown)
 
 
 def waiting_key(stage: Stage) -> str:
@@ -420,13 +425,15 @@ def _peer_span(
     return tracing.span(f"stage {ref.stage.value}", traces[ref], doc_id=ref.doc_id, stage=ref.stage.value)
 
 
-def _release_for_retry(ctx: WorkerContext, ref: StageRef, claimed: Versioned, error: RaglineError) -> None:
+def _release_for_retry(
+    ctx: WorkerContext, ref: StageRef, claimed: Versioned, error: RaglineError, lease_until: datetime
+) -> None:
     doc = claimed.doc
     doc.error = ErrorInfo(code=error.code.value, stage=ref.stage.value, message=error.message, retryable=True)
     # A clean release is not a lost claim: only claims whose worker died count towards the limit.
     doc.attempts = max(0, doc.attempts - 1)
     doc.claimed_by = None
-    doc.lease_until = utcnow() + QUEUE_LEASE
+    doc.lease_until = lease_until
     with contextlib.suppress(Conflict):  # superseded meanwhile: nothing of ours to release
         ctx.registry.replace_doc(claimed, doc)
 

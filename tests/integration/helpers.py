@@ -9,6 +9,7 @@ from typing import Any
 import pytest
 from opensearchpy import OpenSearch
 
+from shared.blobs import BlobStore
 from shared.config import Settings
 from shared.models import DocStatus, Document, KbSettings, KnowledgeBase
 from shared.registry import Registry
@@ -22,6 +23,24 @@ def new_kb(registry: Registry, **kb_settings: object) -> KnowledgeBase:
         tenant_id=tenant, kb_id="kb", name="test", settings=KbSettings.model_validate(kb_settings)
     )
     return registry.create_kb(kb)
+
+
+def orphan(
+    registry: Registry, settings: Settings, kb: KnowledgeBase, doc_id: str, data: bytes, **state: Any
+) -> None:
+    """A registry record in `state` with its bytes stored and no task anywhere, as a fault leaves it."""
+    blob = BlobStore(settings.state_dir / "blobstore").put(data)
+    registry.create_doc(
+        Document(
+            tenant_id=kb.tenant_id,
+            kb_id=kb.kb_id,
+            doc_id=doc_id,
+            content_hash=blob.sha256,
+            file_size=blob.size,
+            filename=doc_id,
+            **state,
+        )
+    )
 
 
 def wait_terminal(

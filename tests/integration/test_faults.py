@@ -14,13 +14,15 @@ from collections.abc import Iterator
 from datetime import datetime
 
 import pytest
+from celery import Celery
 from opensearchpy import OpenSearch
 
 from shared.config import Settings
-from shared.ingest import Ingestor
+from shared.ingest import QUEUE_LEASE, STAGE_TASK, Ingestor, StageRef
 from shared.models import PIPELINE, STAGE_STATUS, DocStatus, KnowledgeBase, Stage, utcnow
+from shared.queue import enqueue, stage_queue
 from shared.registry import Registry
-from tests.integration.helpers import mismatched_chunk_sets, new_kb, wait_terminal
+from tests.integration.helpers import mismatched_chunk_sets, new_kb, orphan, wait_terminal
 from tests.integration.stack_control import kill_worker, stack, worker_pid
 
 # A load plus a recovery per fault: far beyond the default per-test timeout on a busy machine.
@@ -28,6 +30,8 @@ pytestmark = [pytest.mark.integration, pytest.mark.timeout(2400)]
 
 DOCS = int(os.environ.get("RAGLINE_SOAK_DOCS", "200"))
 ROUNDS = int(os.environ.get("RAGLINE_SOAK_ROUNDS", "1"))
+# Far longer than the outage and the recovery, far shorter than the queue lease.
+HELD_COUNTDOWN_S = 600
 TOPICS = ["glaciers", "tax law", "sourdough", "compilers", "beekeeping", "tides", "opera", "rail freight"]
 
 
@@ -166,3 +170,49 @@ def test_a_service_stopped_mid_load_loses_and_fails_nothing(
     back = time.monotonic()
     _assert_all_ready_once(registry, opensearch, settings, kb, names)
     print(f"{DOCS} documents all ready {time.monotonic() - back:.0f} s after {service} came back")
+
+
+def test_tasks_a_worker_held_when_the_broker_went_away_are_sent_again(
+    registry: Registry, settings: Settings, sender: Celery, stack_restored: None
+) -> None:
+    """A lost broker connection drops the tasks the worker reserved or held for a countdown; Redis
+    would redeliver them only after its visibility timeout (an hour)."""
+    kb = new_kb(registry, pii_policy="off")
+    # Queued under the 30-minute queue lease, with its one task waiting out a countdown in the
+    # worker: what an outage retry, or a prefetched task, is when Redis goes away.
+    orphan(
+        registry,
+        settings,
+        kb,
+        "held.txt",
+        b"A task the worker held while Redis was away.\n",
+        lease_until=utcnow() + QUEUE_LEASE,
+    )
+    ref = StageRef(kb.tenant_id, kb.kb_id, "held.txt", 1, Stage.PARSE)
+    sent = enqueue(
+        sender,
+        settings,
+        STAGE_TASK,
+        kwargs=ref.as_kwargs(),
+        queue=stage_queue(settings, "bulk", Stage.PARSE),
+        countdown=HELD_COUNTDOWN_S,
+    )
+    _wait_held(sender, sent.id)
+    stack("down", "redis")
+    time.sleep(3)
+    stack("up", "redis")
+    back = time.monotonic()
+    doc = wait_terminal(registry, kb, ["held.txt"], timeout_s=240)["held.txt"]
+    print(f"a held task's document ready {time.monotonic() - back:.1f} s after Redis came back")
+    assert doc.status == DocStatus.READY
+
+
+def _wait_held(sender: Celery, task_id: str, timeout_s: float = 120) -> None:
+    """Until a worker holds the task for its countdown (a busy one takes it only once it has room)."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        held = sender.control.inspect(timeout=2).scheduled() or {}
+        if any(entry["request"]["id"] == task_id for entries in held.values() for entry in entries):
+            return
+        time.sleep(0.5)
+    pytest.fail(f"no worker took task {task_id} within {timeout_s}s")

@@ -17,45 +17,27 @@ from opensearchpy.exceptions import ConnectionError as OpenSearchConnectionError
 
 from shared.blobs import BlobStore
 from shared.config import Settings
-from shared.errors import TransientError
+from shared.errors import OutageError, RaglineError, TransientError
 from shared.ingest import QUEUE_LEASE, STAGE_TASK, Ingestor, StageRef
-from shared.models import DocStatus, Document, ErrorInfo, KnowledgeBase, Stage, utcnow
+from shared.models import DocStatus, Document, ErrorInfo, Stage, utcnow
 from shared.queue import enqueue
 from shared.registry import Conflict, Registry, Versioned
-from tests.integration.helpers import chunks_of, new_kb, wait_terminal
+from tests.integration.helpers import chunks_of, new_kb, orphan, wait_terminal
 from workers import liveness
 from workers.context import WorkerContext
 from workers.pipeline import STAGES
-from workers.runner import StageResult, _advance, run_stage
+from workers.runner import Retry, StageResult, _advance, run_stage
 from workers.stages import parse
 from workers.tasks import _resend
 
 pytestmark = pytest.mark.integration
 
 
-def _orphan(
-    registry: Registry, settings: Settings, kb: KnowledgeBase, doc_id: str, data: bytes, **state: Any
-) -> None:
-    """A registry record in `state` with its bytes stored and no task anywhere, as a fault leaves it."""
-    blob = BlobStore(settings.state_dir / "blobstore").put(data)
-    registry.create_doc(
-        Document(
-            tenant_id=kb.tenant_id,
-            kb_id=kb.kb_id,
-            doc_id=doc_id,
-            content_hash=blob.sha256,
-            file_size=blob.size,
-            filename=doc_id,
-            **state,
-        )
-    )
-
-
 def test_a_document_whose_send_was_lost_is_sent_again(registry: Registry, settings: Settings) -> None:
     kb = new_kb(registry, pii_policy="off")
     expired = utcnow() - timedelta(seconds=1)
     # What submit leaves behind when the broker is down: a queued record, no task anywhere.
-    _orphan(
+    orphan(
         registry,
         settings,
         kb,
@@ -75,7 +57,7 @@ def test_a_dead_workers_reserved_tasks_are_sent_again_without_waiting_out_their_
     kb = new_kb(registry, pii_policy="off")
     # Queued with a long lease and no task anywhere: what a worker killed while holding the
     # document's reserved (prefetched) task leaves behind. Only its silence tells.
-    _orphan(
+    orphan(
         registry,
         settings,
         kb,
@@ -97,7 +79,7 @@ def test_a_document_whose_workers_keep_dying_ends_retries_exhausted(
     kb = new_kb(registry, pii_policy="off")
     limit = settings.celery.max_retries + 1
     # What a document looks like after `limit` workers died holding it: claimed, lease run out.
-    _orphan(
+    orphan(
         registry,
         settings,
         kb,
@@ -179,7 +161,7 @@ def test_a_hand_over_whose_reply_was_lost_still_sends_the_next_stage(
 ) -> None:
     kb = new_kb(registry, pii_policy="off")
     # The parse stage of "reply-lost.txt" has claimed the document and done its work here...
-    _orphan(
+    orphan(
         registry,
         settings,
         kb,
@@ -226,7 +208,7 @@ def test_writes_resent_after_their_reply_was_lost_are_not_taken_for_conflicts(
     registry: Registry, settings: Settings
 ) -> None:
     kb = new_kb(registry, pii_policy="off")
-    _orphan(registry, settings, kb, "resent.txt", b"Buoys mark the channel.\n", status=DocStatus.QUEUED)
+    orphan(registry, settings, kb, "resent.txt", b"Buoys mark the channel.\n", status=DocStatus.QUEUED)
     resending = Registry(ResendingClient(hosts=settings.opensearch.urls), settings)
     current = resending.get_doc(kb.tenant_id, kb.kb_id, "resent.txt")
     assert current is not None
@@ -259,7 +241,7 @@ def test_a_chained_stage_that_fails_transiently_is_sent_again_as_its_own_task(
 ) -> None:
     kb = new_kb(registry, pii_policy="off")
     # Queued with a long lease and no task anywhere: only this test's run_stage moves it.
-    _orphan(
+    orphan(
         registry,
         settings,
         kb,
@@ -298,10 +280,10 @@ def test_a_chained_stage_that_fails_transiently_is_sent_again_as_its_own_task(
 def test_a_resend_the_broker_refuses_hands_the_document_to_the_reconciler(
     registry: Registry, settings: Settings
 ) -> None:
-    """A stage released for retry holds a 30-minute queue lease for its resend to cover; when the
-    broker refuses the resend, the lease is expired so that the reconciler's next round sends it."""
+    """A stage released for retry holds a lease for its resend to cover; when the broker refuses
+    the resend, the lease is expired so that the reconciler's next round sends it."""
     kb = new_kb(registry, pii_policy="off")
-    _orphan(
+    orphan(
         registry,
         settings,
         kb,
@@ -327,3 +309,39 @@ def test_a_resend_the_broker_refuses_hands_the_document_to_the_reconciler(
 
     with pytest.raises(CeleryRetry):
         _resend(ref, sent)
+
+
+@pytest.mark.parametrize("failure", [OutageError("OpenSearch is unavailable"), TransientError("it stumbled")])
+def test_a_document_released_for_a_retry_waits_at_most_a_stage_lease_past_its_countdown(
+    failure: RaglineError,
+    registry: Registry,
+    settings: Settings,
+    opensearch: OpenSearch,
+    sender: Celery,
+    redis_client: redis.Redis,
+) -> None:
+    """Should the process die between the release and the resend, the reconciler takes over after
+    the countdown and one stage lease, not after the 30-minute queue lease."""
+    kb = new_kb(registry, pii_policy="off")
+    data = b"The tide turns at noon.\n"
+    orphan(registry, settings, kb, "retried.txt", data, lease_until=utcnow() + QUEUE_LEASE)
+
+    def failing_parse(ctx: WorkerContext, doc: Document, data: Any) -> StageResult:
+        raise failure
+
+    stages = replace(STAGES, functions={**STAGES.functions, Stage.PARSE: failing_parse})
+    ctx = WorkerContext(
+        settings, opensearch, registry, BlobStore(settings.state_dir / "blobstore"), sender, redis_client
+    )
+    started = utcnow()
+    with pytest.raises(Retry) as retry:
+        run_stage(ctx, StageRef(kb.tenant_id, kb.kb_id, "retried.txt", 1, Stage.PARSE), stages, 0)
+    released = registry.require_doc(kb.tenant_id, kb.kb_id, "retried.txt").doc
+    assert released.claimed_by is None
+    assert released.error is not None
+    assert released.error.retryable
+    assert retry.value.counted == (not isinstance(failure, OutageError))
+    assert released.lease_until is not None
+    wait = released.lease_until - started
+    due = timedelta(seconds=retry.value.countdown + settings.celery.stage_lease_s)
+    assert due <= wait <= due + timedelta(seconds=5)
