@@ -6,12 +6,15 @@ import logging
 import os
 import socket
 import threading
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
 import redis
 
 log = logging.getLogger(__name__)
+
+FAILURE_LOG_EVERY_S = 60.0
 
 
 # Take the lease from `holder` only if it still holds it (no other process took it meanwhile).
@@ -75,14 +78,40 @@ def run_as_leader(
     until it has, documents submitted to a fresh broker would look like work a flush lost.
     """
     ttl = max(2, int(interval_s * 4))
+    failing = _Failures(key)
     while True:
         try:
             if hold(client, key, me, ttl):
                 job()
-        except Exception:
-            log.warning("periodic job %s failed", key, exc_info=True)
+            failing.ended()
+        except Exception:  # noqa: BLE001  (an outage or a bug: either only skips a round)
+            failing.seen()
         if stop.wait(interval_s):
             return
+
+
+class _Failures:
+    """A job's failing rounds, logged when they start (with the traceback), then once a minute, then
+    when a round works again: a Redis outage would otherwise log the feeder's five rounds a second."""
+
+    def __init__(self, key: str) -> None:
+        self.key = key
+        self.count = 0
+        self.logged_at = 0.0
+
+    def seen(self) -> None:
+        self.count += 1
+        now = time.monotonic()
+        if self.count == 1 or now - self.logged_at >= FAILURE_LOG_EVERY_S:
+            log.warning(
+                "periodic job %s failed (%d rounds in a row)", self.key, self.count, exc_info=self.count == 1
+            )
+            self.logged_at = now
+
+    def ended(self) -> None:
+        if self.count:
+            log.warning("periodic job %s works again after %d failed rounds", self.key, self.count)
+        self.count = 0
 
 
 @dataclass

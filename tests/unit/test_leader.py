@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import logging
 import os
 import socket
 import subprocess
 import sys
 import threading
 import time
+
+import pytest
 
 from workers.leader import _dead_here, run_as_leader, start
 
@@ -78,3 +81,21 @@ def test_a_stopped_job_gives_its_lease_up_only_after_its_last_round() -> None:
     periodic.stop(timeout_s=5)
     assert not periodic.thread.is_alive()
     assert client.released_while_running == [False]
+
+
+class DownRedis:
+    """A broker that refuses every call, as during an outage."""
+
+    def set(self, *args: object, **kwargs: object) -> bool:
+        raise ConnectionError("Redis is down")
+
+
+def test_an_outage_logs_its_first_failure_not_every_round(caplog: pytest.LogCaptureFixture) -> None:
+    stop = threading.Event()
+    rounds = threading.Timer(0.5, stop.set)
+    rounds.start()
+    with caplog.at_level(logging.WARNING, logger="workers.leader"):
+        run_as_leader(DownRedis(), "lease", "me", 0.01, lambda: None, stop)  # type: ignore[arg-type]
+    failures = [r for r in caplog.records if "failed" in r.getMessage()]
+    assert len(failures) == 1  # about 50 rounds failed
+    assert failures[0].exc_info is not None
