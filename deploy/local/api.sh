@@ -34,7 +34,7 @@ start() {
     dev_key
     export RAGLINE_AUTH__KEYS_FILE=$KEYS
   fi
-  : >"$LOG"
+  fresh_log "$LOG"
   (cd "$REPO_ROOT" && exec setsid "$VENV/bin/ragline" serve --host 127.0.0.1 --port "$PORT") \
     >>"$LOG" 2>&1 </dev/null &
   echo $! >"$PIDFILE"

@@ -10,6 +10,13 @@ mkdir -p "$STATE_DIR" "$LOG_DIR"
 say() { printf '%s\n' "$*"; }
 die() { printf 'error: %s\n' "$*" >&2; exit 1; }
 
+# fresh_log LOG: an empty log for a new run; the last run's stays beside it as LOG.1, so a service
+# that died and was started again (by a test, by hand) still shows why it died.
+fresh_log() {
+  [ -s "$1" ] && mv -f "$1" "$1.1"
+  : >"$1"
+}
+
 # pid_running PIDFILE: true when the file names a live process; removes a stale file.
 pid_running() {
   local pidfile=$1 pid

@@ -42,7 +42,7 @@ start() {
     say "$NAME: already running (pid $(cat "$PIDFILE"))"
     return 0
   fi
-  : >"$LOG"
+  fresh_log "$LOG"
   rm -f "$PIDFILE"
   # Celery writes its own pid file: the pid of `setsid` may be a parent that already exited.
   # Everything, the subshell included, writes to the log: nothing may hold the caller's stdout.
