@@ -21,9 +21,11 @@ from __future__ import annotations
 
 import logging
 import threading
+import warnings
 from collections.abc import Callable
 from typing import Any
 
+from celery.exceptions import CPendingDeprecationWarning
 from celery.worker import state
 from celery.worker.consumer import Consumer
 from celery.worker.request import Request
@@ -40,6 +42,10 @@ class RecoveringConsumer(Consumer):
         scheduled = state.scheduled_requests  # type: ignore[attr-defined]  # not in the stubs
         held = [r for r in {*state.reserved_requests, *scheduled} if r not in state.active_requests]
         _skip_restore(self.connection)
+        # Celery warns at every loss that cancelling running tasks becomes its default in 6.0;
+        # Ragline turns it off on purpose (see workers/celery_app.py). Put in front each time:
+        # Celery's logging setup puts an "always" filter for these warnings before older ones.
+        warnings.filterwarnings("ignore", r"\s*In Celery 5.1 we introduced", CPendingDeprecationWarning)
         super().on_connection_error_after_connected(exc)
         refs = [ref for request in held if (ref := stage_ref(request)) is not None]
         if refs:
