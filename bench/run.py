@@ -51,6 +51,11 @@ SCALING = (1, 2, 4)  # worker processes; a quick run measures 1 and the whole-co
 SUBSET, SUBSET_QUICK = 50, 12  # documents of the scaling and PII runs
 WARMUP = 100  # documents of the throwaway load before the measured ones (a quick run: SUBSET_QUICK)
 CORPUS_QUICK = 60  # pages of a quick run: every phase, under 5 minutes on 2 cores
+# Which part of the latency phase each query goes to, in turn: concurrency 8 (the target's) gets
+# four of every seven, so its p95 rests on 300 queries a path, not a handful of slow ones.
+LATENCY_PARTS = ("c1", "c8", "c8", "c8", "c8", "c32", "paired")
+LATENCY_QUERIES, LATENCY_QUERIES_QUICK = 525, 40
+LATENCY_ROUNDS = 5  # the paths take turns in up to this many rounds per concurrency
 MODES: dict[str, dict[str, Any]] = {
     "keyword": {"mode": "keyword"},
     "similarity": {"mode": "similarity"},
@@ -62,6 +67,24 @@ MODES: dict[str, dict[str, Any]] = {
 def _pct(values: list[float], q: float) -> float:
     ordered = sorted(values)
     return round(ordered[min(len(ordered) - 1, int(q * len(ordered)))], 2) if ordered else 0.0
+
+
+def taking_turns(
+    paths: dict[str, Callable[[list[str]], list[float]]], queries: list[str], concurrency: int
+) -> dict[str, list[float]]:
+    """Each path's latencies over `queries`, the paths taking turns in rounds (who starts turning
+    each round), so that a shared machine's drift during the phase meets all of them alike.
+
+    A round holds at least four queries per client, or the concurrency would never be reached.
+    """
+    rounds = max(1, min(LATENCY_ROUNDS, len(queries) // (4 * concurrency)))
+    out: dict[str, list[float]] = {name: [] for name in paths}
+    names = list(paths)
+    for i in range(rounds):
+        block = queries[i::rounds]
+        for name in names[i % len(names) :] + names[: i % len(names)]:
+            out[name] += paths[name](block)
+    return out
 
 
 def _latency(values_ms: list[float]) -> dict[str, float]:
@@ -402,9 +425,12 @@ class Bench:
         }
 
     def latency_figures(self, kb: str, queries: list[str], server: str, api_key: str) -> None:
-        """Each path at each concurrency gets its own queries, so no path answers from a warm cache."""
+        """Each concurrency gets its own queries and each path its own strings of them, so no path
+        answers from a warm cache; the paths take turns (see `taking_turns`)."""
         searcher = Searcher(self.client, self.settings)
-        slices = [queries[i::4] for i in range(4)]
+        parts: dict[str, list[str]] = {part: [] for part in LATENCY_PARTS}
+        for i, query in enumerate(queries):
+            parts[LATENCY_PARTS[i % len(LATENCY_PARTS)]].append(query)
 
         one = {"size": 1, "_source": ["tenant_id"], "query": {"term": {"kb_id": kb}}}
         tenant = self.client.search(index=searcher.index, body=one)["hits"]["hits"][0]["_source"]["tenant_id"]
@@ -429,20 +455,25 @@ class Bench:
         def rest(query: str) -> Callable[[], object]:
             return lambda: self.remote.post("/v1/search", json={"query": query, "kb_ids": [kb]})
 
+        def paths_at(c: int) -> dict[str, Callable[[list[str]], list[float]]]:
+            """Raw, REST and MCP, each query a distinct string per path so no cache answers it."""
+            return {
+                "raw": lambda block: self.timed(c, [raw(q) for q in block]),
+                "rest": lambda block: self.timed(c, [rest(f"{q} ") for q in block]),
+                "mcp": lambda block: mcp_search_ms(server, api_key, kb, [f"{q}  " for q in block], c),
+            }
+
         figures: dict[str, Any] = {}
-        for concurrency, chosen in zip((1, 8, 32), slices, strict=False):
+        for concurrency in (1, 8, 32):
+            chosen = parts[f"c{concurrency}"]
             self.say(f"query latency at concurrency {concurrency} ({len(chosen)} queries per path)")
-            figures[f"raw_c{concurrency}"] = _latency(self.timed(concurrency, [raw(q) for q in chosen]))
-            figures[f"rest_c{concurrency}"] = _latency(
-                self.timed(concurrency, [rest(f"{q} ") for q in chosen])
-            )
-            mcp = mcp_search_ms(server, api_key, kb, [f"{q}  " for q in chosen], concurrency)
-            figures[f"mcp_c{concurrency}"] = _latency(mcp)
+            for name, values in taking_turns(paths_at(concurrency), chosen, concurrency).items():
+                figures[f"{name}_c{concurrency}"] = _latency(values)
         figures["rest_over_raw_p95_c8"] = round(
             figures["rest_c8"]["p95"] / max(figures["raw_c8"]["p95"], 1e-6), 3
         )
-        self.say(f"MCP against REST, query by query at concurrency 1 ({len(slices[3])} queries)")
-        paired = paired_ms(server, api_key, kb, slices[3])
+        self.say(f"MCP against REST, query by query at concurrency 1 ({len(parts['paired'])} queries)")
+        paired = paired_ms(server, api_key, kb, parts["paired"])
         for name, values in paired.items():
             figures[f"paired_{name}_c1"] = _latency(values)
         for name in ("mcp", "mcp_bare"):
@@ -503,7 +534,7 @@ def main(settings: Settings, server: str, api_key: str, quick: bool) -> Path:
         save()
     finally:
         restart_worker(settings, settings.celery.worker_concurrency)
-    sample = list(query_texts.values())[: 40 if quick else 300]
+    sample = list(query_texts.values())[: LATENCY_QUERIES_QUICK if quick else LATENCY_QUERIES]
     with bench.phase("latency"):
         bench.latency_figures(kb, sample, server, api_key)
     save()
