@@ -4,8 +4,10 @@ from __future__ import annotations
 
 from typing import Any
 
+import redis
 from celery import Celery
 from celery.result import AsyncResult
+from kombu.exceptions import OperationalError
 
 from shared import tracing
 from shared.config import Settings
@@ -74,3 +76,16 @@ def enqueue(
         headers=tracing.carrier() if headers is None else headers,
         retries=retries,
     )
+
+
+def ping_workers(app: Celery, timeout_s: float) -> list[dict[str, Any]]:
+    """The workers that answer a control ping within `timeout_s`.
+
+    A broker restart leaves the connections pooled before it dead; a send reconnects on its own,
+    remote control does not, and its first use after the restart failed. One failure on a
+    connection error is therefore tried again, on a fresh connection.
+    """
+    try:
+        return list(app.control.ping(timeout=timeout_s) or [])
+    except (redis.ConnectionError, OperationalError, OSError):
+        return list(app.control.ping(timeout=timeout_s) or [])

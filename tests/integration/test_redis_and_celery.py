@@ -10,7 +10,7 @@ import redis
 from celery import Celery
 
 from shared.config import Settings
-from shared.queue import enqueue
+from shared.queue import enqueue, ping_workers
 
 pytestmark = pytest.mark.integration
 
@@ -33,5 +33,5 @@ def test_a_real_worker_executes_a_task_from_each_queue(
     assert answer["payload"] == payload
     # Executed by another process (the worker), not in this test process.
     assert answer["pid"] != os.getpid()
-    workers = sender.control.ping(timeout=2.0)
+    workers = ping_workers(sender, timeout_s=2.0)
     assert workers, "no worker answered a control ping"

@@ -9,6 +9,7 @@ from fastapi.responses import JSONResponse
 from starlette.concurrency import run_in_threadpool
 
 from services.api.deps import State
+from shared.queue import ping_workers
 
 router = APIRouter(tags=["health"])
 
@@ -31,7 +32,7 @@ def _checks(state: State) -> dict[str, Any]:
     except Exception as error:  # noqa: BLE001
         checks["redis"] = {"ok": False, "error": type(error).__name__}
     try:
-        replies = state.sender.control.ping(timeout=1.0)
+        replies = ping_workers(state.sender, timeout_s=1.0)
         checks["workers"] = {"ok": bool(replies), "count": len(replies or [])}
     except Exception as error:  # noqa: BLE001
         checks["workers"] = {"ok": False, "error": type(error).__name__}
