@@ -33,6 +33,16 @@ from workers.tasks import _resend
 pytestmark = pytest.mark.integration
 
 
+@pytest.fixture
+def worker_ctx(
+    settings: Settings, opensearch: OpenSearch, registry: Registry, sender: Celery, redis_client: redis.Redis
+) -> WorkerContext:
+    """What a worker process's stages get, on the test's own clients."""
+    return WorkerContext(
+        settings, opensearch, registry, BlobStore(settings.state_dir / "blobstore"), sender, redis_client
+    )
+
+
 def test_a_document_whose_send_was_lost_is_sent_again(registry: Registry, settings: Settings) -> None:
     kb = new_kb(registry, pii_policy="off")
     expired = utcnow() - timedelta(seconds=1)
@@ -153,11 +163,7 @@ class ReplyLostRegistry(Registry):
 
 
 def test_a_hand_over_whose_reply_was_lost_still_sends_the_next_stage(
-    registry: Registry,
-    settings: Settings,
-    opensearch: OpenSearch,
-    sender: Celery,
-    redis_client: redis.Redis,
+    registry: Registry, settings: Settings, opensearch: OpenSearch, worker_ctx: WorkerContext
 ) -> None:
     kb = new_kb(registry, pii_policy="off")
     # The parse stage of "reply-lost.txt" has claimed the document and done its work here...
@@ -173,12 +179,10 @@ def test_a_hand_over_whose_reply_was_lost_still_sends_the_next_stage(
         claimed_by="this-test",
         lease_until=utcnow() + timedelta(seconds=60),
     )
-    blobs = BlobStore(settings.state_dir / "blobstore")
+    blobs = worker_ctx.blobs
     claimed = registry.get_doc(kb.tenant_id, kb.kb_id, "reply-lost.txt")
     assert claimed is not None
-    ctx = WorkerContext(
-        settings, opensearch, ReplyLostRegistry(opensearch, settings), blobs, sender, redis_client
-    )
+    ctx = replace(worker_ctx, registry=ReplyLostRegistry(opensearch, settings))
     result = parse.run(ctx, claimed.doc, blobs.path_of(claimed.doc.content_hash))
     ref = StageRef(kb.tenant_id, kb.kb_id, "reply-lost.txt", claimed.doc.content_version, Stage.PARSE)
     # ...and hands it to the chunk stage: the write lands, the reply is lost.
@@ -233,11 +237,7 @@ def test_writes_resent_after_their_reply_was_lost_are_not_taken_for_conflicts(
 
 
 def test_a_chained_stage_that_fails_transiently_is_sent_again_as_its_own_task(
-    registry: Registry,
-    settings: Settings,
-    opensearch: OpenSearch,
-    sender: Celery,
-    redis_client: redis.Redis,
+    registry: Registry, settings: Settings, worker_ctx: WorkerContext
 ) -> None:
     kb = new_kb(registry, pii_policy="off")
     # Queued with a long lease and no task anywhere: only this test's run_stage moves it.
@@ -258,11 +258,8 @@ def test_a_chained_stage_that_fails_transiently_is_sent_again_as_its_own_task(
         return STAGES.functions[Stage.CHUNK](ctx, doc, parsed)
 
     stages = replace(STAGES, functions={**STAGES.functions, Stage.CHUNK: flaky_chunk})
-    ctx = WorkerContext(
-        settings, opensearch, registry, BlobStore(settings.state_dir / "blobstore"), sender, redis_client
-    )
     version = registry.require_doc(kb.tenant_id, kb.kb_id, "chained.txt").doc.content_version
-    run_stage(ctx, StageRef(kb.tenant_id, kb.kb_id, "chained.txt", version, Stage.PARSE), stages, 0)
+    run_stage(worker_ctx, StageRef(kb.tenant_id, kb.kb_id, "chained.txt", version, Stage.PARSE), stages, 0)
     # Parse ran here and chunk after it, in the same call; chunk failed, so the document waits
     # at chunk, released, for a chunk task of its own (a resent parse task would find it moved
     # on and drop itself, and the document would wait out its 30-minute queue lease).
@@ -313,12 +310,7 @@ def test_a_resend_the_broker_refuses_hands_the_document_to_the_reconciler(
 
 @pytest.mark.parametrize("failure", [OutageError("OpenSearch is unavailable"), TransientError("it stumbled")])
 def test_a_document_released_for_a_retry_waits_at_most_a_stage_lease_past_its_countdown(
-    failure: RaglineError,
-    registry: Registry,
-    settings: Settings,
-    opensearch: OpenSearch,
-    sender: Celery,
-    redis_client: redis.Redis,
+    failure: RaglineError, registry: Registry, settings: Settings, worker_ctx: WorkerContext
 ) -> None:
     """Should the process die between the release and the resend, the reconciler takes over after
     the countdown and one stage lease, not after the 30-minute queue lease."""
@@ -330,12 +322,9 @@ def test_a_document_released_for_a_retry_waits_at_most_a_stage_lease_past_its_co
         raise failure
 
     stages = replace(STAGES, functions={**STAGES.functions, Stage.PARSE: failing_parse})
-    ctx = WorkerContext(
-        settings, opensearch, registry, BlobStore(settings.state_dir / "blobstore"), sender, redis_client
-    )
     started = utcnow()
     with pytest.raises(Retry) as retry:
-        run_stage(ctx, StageRef(kb.tenant_id, kb.kb_id, "retried.txt", 1, Stage.PARSE), stages, 0)
+        run_stage(worker_ctx, StageRef(kb.tenant_id, kb.kb_id, "retried.txt", 1, Stage.PARSE), stages, 0)
     released = registry.require_doc(kb.tenant_id, kb.kb_id, "retried.txt").doc
     assert released.claimed_by is None
     assert released.error is not None
