@@ -475,29 +475,17 @@ def _advance(
         ctx.blobs.put_artifact(artifact_key(ref, ref.stage), result.artifact)
     doc = claimed.doc
     chain = nxt is not None and _chains(ctx, doc, ref.stage, nxt, stages)
-    for name, value in result.updates.items():
-        setattr(doc, name, value)
-    doc.timings = {**doc.timings, ref.stage.value: round(elapsed, 4)}
-    with contextlib.suppress(Exception):  # metrics never fail a document
-        record_stage(ctx.redis, ref.stage.value, elapsed)
-    metrics.stage_observed(ref.stage.value, "ok", elapsed)
-    doc.progress = max(doc.progress, (PIPELINE.index(ref.stage) + 1) / len(PIPELINE))
-    doc.error = None
-    doc.claimed_by = None
-    if nxt is None:
-        _record(doc, DocStatus.READY)
-        doc.stage = None
-        doc.lease_until = None
-        doc.progress = 1.0
-    else:
-        _record(doc, STAGE_STATUS[nxt])
-        doc.stage = nxt
-        doc.attempts = 0
-        doc.lease_until = utcnow() + QUEUE_LEASE
-        if chain:  # the hand-over is also the next stage's claim, as _claim would write it
-            doc.attempts = 1
-            doc.claimed_by = WORKER_ID
-            doc.lease_until = utcnow() + stage_lease(ctx)
+    deferred = chain and result.after is None and _lease_outlasts_half(ctx, doc)
+    claim_until = (doc.lease_until if deferred else utcnow() + stage_lease(ctx)) if chain else None
+    _apply_result(ctx, doc, ref.stage, nxt, result, elapsed, claim_until)
+    if deferred and nxt is not None:
+        # The registry still holds this task's claim on the document, so the next stage's write
+        # (its hand-over, a lease renewal, a release or a failure) records this one as well, and
+        # its seq_no still fences it. A process that dies before then leaves the document claimed
+        # at an earlier stage: the reconciler sends that stage again once the lease runs out, and
+        # its input is in the blob store (the artifact above is written all the same).
+        next_ref = StageRef(ref.tenant_id, ref.kb_id, ref.doc_id, ref.content_version, nxt)
+        return _Item(next_ref, claimed, result.artifact, tracing.carrier())
     try:
         written = ctx.registry.replace_doc(claimed, doc)
     except Conflict:
@@ -530,6 +518,50 @@ def _advance(
             ctx.redis.sadd(waiting_key(nxt), json.dumps({**next_ref.as_kwargs(), **tracing.carrier()}))
     _send(ctx, next_ref, doc.queue)
     return None
+
+
+def _apply_result(
+    ctx: WorkerContext,
+    doc: Document,
+    stage: Stage,
+    nxt: Stage | None,
+    result: StageResult,
+    elapsed: float,
+    claim_until: datetime | None,
+) -> None:
+    """The document as the stage leaves it: its updates, timing and progress, at the next stage
+    (claimed by this process until `claim_until` when it chains) or ready."""
+    for name, value in result.updates.items():
+        setattr(doc, name, value)
+    doc.timings = {**doc.timings, stage.value: round(elapsed, 4)}
+    with contextlib.suppress(Exception):  # metrics never fail a document
+        record_stage(ctx.redis, stage.value, elapsed)
+    metrics.stage_observed(stage.value, "ok", elapsed)
+    doc.progress = max(doc.progress, (PIPELINE.index(stage) + 1) / len(PIPELINE))
+    doc.error = None
+    doc.claimed_by = None
+    if nxt is None:
+        _record(doc, DocStatus.READY)
+        doc.stage = None
+        doc.lease_until = None
+        doc.progress = 1.0
+        return
+    _record(doc, STAGE_STATUS[nxt])
+    doc.stage = nxt
+    doc.attempts = 0
+    doc.lease_until = utcnow() + QUEUE_LEASE
+    if claim_until is not None:  # the hand-over is also the next stage's claim, as _claim would write it
+        doc.attempts = 1
+        doc.claimed_by = WORKER_ID
+        doc.lease_until = claim_until
+
+
+def _lease_outlasts_half(ctx: WorkerContext, doc: Document) -> bool:
+    """Whether the claim's lease has more than half a stage lease left: a chained hand-over that
+    is not written does not renew it, and the next stage's heartbeat starts only a quarter lease
+    in."""
+    left = (doc.lease_until - utcnow()) if doc.lease_until is not None else timedelta(0)
+    return left > stage_lease(ctx) / 2
 
 
 def _send(

@@ -26,7 +26,7 @@ from tests.integration.helpers import chunks_of, new_kb, orphan, wait_terminal
 from workers import liveness
 from workers.context import WorkerContext
 from workers.pipeline import STAGES
-from workers.runner import Retry, StageResult, _advance, run_stage
+from workers.runner import WORKER_ID, Retry, StageResult, _advance, _run_chained, run_stage, stage_lease
 from workers.stages import parse
 from workers.tasks import _resend
 
@@ -197,6 +197,72 @@ def test_a_hand_over_whose_reply_was_lost_still_sends_the_next_stage(
     doc = wait_terminal(registry, kb, ["reply-lost.txt"], timeout_s=120)["reply-lost.txt"]
     print(f"a hand-over whose reply was lost: {doc.status} {time.monotonic() - started:.1f} s later")
     assert doc.status == DocStatus.READY
+
+
+@pytest.mark.parametrize(("lease_s", "written"), [(60, False), (10, True)])
+def test_a_chained_hand_over_is_written_only_when_the_claims_lease_runs_short(
+    registry: Registry, settings: Settings, worker_ctx: WorkerContext, lease_s: int, written: bool
+) -> None:
+    """Not writing a chained hand-over saves a registry write a stage, and the next write records
+    it. Only a write renews the lease the reconciler watches, so with less than half a stage lease
+    left the hand-over is written, as the next stage's claim."""
+    kb = new_kb(registry, pii_policy="off")
+    name = f"hand-over-{lease_s}.txt"
+    held_until = utcnow() + timedelta(seconds=lease_s)
+    orphan(
+        registry,
+        settings,
+        kb,
+        name,
+        b"The pilot boards each tanker at the outer buoy.\n",
+        status=DocStatus.PARSING,
+        stage=Stage.PARSE,
+        attempts=1,
+        claimed_by=WORKER_ID,
+        lease_until=held_until,
+    )
+    claimed = registry.require_doc(kb.tenant_id, kb.kb_id, name)
+    claim_seq_no = claimed.seq_no
+    result = parse.run(worker_ctx, claimed.doc, worker_ctx.blobs.path_of(claimed.doc.content_hash))
+    ref = StageRef(kb.tenant_id, kb.kb_id, name, claimed.doc.content_version, Stage.PARSE)
+    item = _advance(worker_ctx, ref, claimed, result, 0.1, STAGES)
+    assert item is not None
+    assert item.ref.stage == Stage.CHUNK
+    assert (item.claim.doc.status, item.claim.doc.claimed_by) == (DocStatus.CHUNKING, WORKER_ID)
+    stored = registry.require_doc(kb.tenant_id, kb.kb_id, name)
+    assert stored.seq_no == item.claim.seq_no  # the next write is fenced by what the registry holds
+    if written:
+        assert stored.seq_no > claim_seq_no
+        assert (stored.doc.status, stored.doc.stage, stored.doc.claimed_by) == (
+            DocStatus.CHUNKING,
+            Stage.CHUNK,
+            WORKER_ID,
+        )
+        assert stored.doc.lease_until is not None
+        assert stored.doc.lease_until > utcnow() + stage_lease(worker_ctx) - timedelta(seconds=5)
+    else:
+        assert stored.seq_no == claim_seq_no
+        assert (stored.doc.status, stored.doc.stage, stored.doc.lease_until) == (
+            DocStatus.PARSING,
+            Stage.PARSE,
+            held_until,
+        )
+    # The rest of the chain as the task runs it: the hand-over to embed records every stage.
+    pending = [item]
+    while pending:
+        pending = _run_chained(worker_ctx, pending, STAGES, time.monotonic() + 60)
+    doc = wait_terminal(registry, kb, [name], timeout_s=120)[name]
+    assert doc.status == DocStatus.READY
+    assert set(doc.timings) == {"parse", "chunk", "enrich", "pii", "embed", "store"}
+    statuses = [t["status"] for t in doc.transitions]
+    assert statuses[statuses.index("chunking") :] == [
+        "chunking",
+        "enriching",
+        "redacting",
+        "embedding",
+        "indexing",
+        "ready",
+    ]
 
 
 class ResendingClient(OpenSearch):
