@@ -7,11 +7,14 @@ or claimed under a live lease, and does nothing. Stage outputs are artifacts key
 (document, version, stage), so a redelivered stage overwrites rather than duplicates.
 
 Chaining: when the next stage goes to the same queue, the task runs it at once in the same
-process instead of sending it through the broker. The hand-over write is then also the claim of
-the next stage (claimed_by, a stage lease), so a chained stage costs one registry write instead
-of a write, a read, another write and a broker round trip, and still leaves every status, timing
-and artifact as a sent stage would: a worker that dies mid-chain leaves the document claimed at
-the stage it was in, and the reconciler sends that stage when the lease runs out.
+process instead of sending it through the broker. The hand-over is then also the claim of the
+next stage (claimed_by, a stage lease), and while the claim's lease has more than half a stage
+lease left it is not written at all: the next write (a hand-over that leaves the chain, ready, a
+lease renewal, a release or a failure) records it, fenced by the same seq_no. So a chained stage
+costs no registry write instead of a write, a read, another write and a broker round trip, and
+still leaves every status, timing and artifact as a sent stage would: a worker that dies
+mid-chain leaves the document claimed at the last stage written, and the reconciler sends that
+stage when the lease runs out (its input is in the blob store: every stage writes its artifact).
 """
 
 from __future__ import annotations
