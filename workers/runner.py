@@ -8,13 +8,14 @@ or claimed under a live lease, and does nothing. Stage outputs are artifacts key
 
 Chaining: when the next stage goes to the same queue, the task runs it at once in the same
 process instead of sending it through the broker. The hand-over is then also the claim of the
-next stage (claimed_by, a stage lease), and while the claim's lease has more than half a stage
-lease left it is not written at all: the next write (a hand-over that leaves the chain, ready, a
-lease renewal, a release or a failure) records it, fenced by the same seq_no. So a chained stage
-costs no registry write instead of a write, a read, another write and a broker round trip, and
-still leaves every status, timing and artifact as a sent stage would: a worker that dies
-mid-chain leaves the document claimed at the last stage written, and the reconciler sends that
-stage when the lease runs out (its input is in the blob store: every stage writes its artifact).
+next stage (claimed_by, a stage lease), and into a light stage (not store), while the claim's
+lease has more than half a stage lease left, it is not written at all: the next write (a
+hand-over that leaves the chain, a lease renewal, a release or a failure) records it, fenced by
+the same seq_no. So a light chained stage costs no registry write instead of a write, a read,
+another write and a broker round trip, and still leaves every status, timing and artifact as a
+sent stage would: a worker that dies mid-chain leaves the document claimed at the last stage
+written, and the reconciler sends that stage when the lease runs out (its input is in the blob
+store: every stage writes its artifact).
 """
 
 from __future__ import annotations
@@ -478,7 +479,10 @@ def _advance(
         ctx.blobs.put_artifact(artifact_key(ref, ref.stage), result.artifact)
     doc = claimed.doc
     chain = nxt is not None and _chains(ctx, doc, ref.stage, nxt, stages)
-    deferred = chain and result.after is None and _lease_outlasts_half(ctx, doc)
+    # Into store the hand-over is written: a process that dies mid-store then leaves the document
+    # at store (whose input is the embedded chunks) instead of at embed, and the store of a long
+    # document, hundreds of chunks in bulk, is a stage worth seeing.
+    deferred = chain and nxt not in BATCHED_STAGES and result.after is None and _lease_outlasts_half(ctx, doc)
     claim_until = (doc.lease_until if deferred else utcnow() + stage_lease(ctx)) if chain else None
     _apply_result(ctx, doc, ref.stage, nxt, result, elapsed, claim_until)
     if deferred and nxt is not None:
