@@ -12,6 +12,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 from services.api.auth import KeyRing, key_from_headers
 from services.api.errors import envelope
+from services.mcp.answer_mode import install_sessions
 from services.mcp.server import RaglineMCP
 from shared.errors import RaglineError
 
@@ -41,7 +42,7 @@ def mcp_routes(mcp: RaglineMCP, keys: KeyRing) -> list[Route | Mount]:
 
     The caller must run `mcp.session_manager.run()` in its lifespan.
     """
-    mcp.streamable_http_app()  # creates the session manager
+    sessions = install_sessions(mcp)
     sse = SseServerTransport("/mcp/messages/", security_settings=mcp.settings.transport_security)
     server = mcp._mcp_server  # the SDK's own sse_app() runs the low-level server the same way
 
@@ -58,7 +59,7 @@ def mcp_routes(mcp: RaglineMCP, keys: KeyRing) -> list[Route | Mount]:
             await server.run(read, write, server.create_initialization_options())
 
     return [
-        _Labelled("/mcp", endpoint=KeyGate(StreamableHTTPASGIApp(mcp.session_manager), keys)),
+        _Labelled("/mcp", endpoint=KeyGate(StreamableHTTPASGIApp(sessions), keys)),
         _Labelled("/mcp/sse", endpoint=KeyGate(handle_sse, keys)),
         _LabelledMount("/mcp/messages/", app=KeyGate(sse.handle_post_message, keys)),
     ]

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import asyncio
 import base64
+import json
 import os
 import secrets
 import sys
@@ -172,6 +174,62 @@ async def test_ingest_waits_and_reports_progress(server: Server) -> None:
     assert len(progress) >= 2
     assert progress[-1] == (1.0, "ready")
     assert [p for p, _ in progress] == sorted(p for p, _ in progress)
+
+
+async def test_a_call_is_answered_as_json_unless_it_asks_for_progress(server: Server) -> None:
+    """A plain call gets one JSON body; a call with a progress token gets an event stream, the
+    progress before the answer; and both kinds can be in flight in one session at once."""
+    headers = {"X-Api-Key": server.keys["a_admin"], "Accept": "application/json, text/event-stream"}
+    async with httpx.AsyncClient(base_url=server.url, headers=headers, timeout=180) as http:
+        hello = {"protocolVersion": "2025-06-18", "capabilities": {}, "clientInfo": {"name": "t"}}
+        opened = await http.post(
+            "/mcp", json={"jsonrpc": "2.0", "id": 0, "method": "initialize", "params": hello}
+        )
+        assert opened.headers["content-type"].startswith("application/json"), opened.headers
+        http.headers["Mcp-Session-Id"] = opened.headers["mcp-session-id"]
+        http.headers["Mcp-Protocol-Version"] = "2025-06-18"
+        (
+            await http.post("/mcp", json={"jsonrpc": "2.0", "method": "notifications/initialized"})
+        ).raise_for_status()
+
+        async def rpc(rpc_id: int, tool: str, arguments: dict[str, Any], **meta: str) -> httpx.Response:
+            params: dict[str, Any] = {"name": tool, "arguments": arguments}
+            if meta:
+                params["_meta"] = meta
+            message = {"jsonrpc": "2.0", "id": rpc_id, "method": "tools/call", "params": params}
+            response = await http.post("/mcp", json=message)
+            response.raise_for_status()
+            return response
+
+        kb = f"kb-{uuid.uuid4().hex[:6]}"
+        created = await rpc(1, "create_knowledge_base", {"kb_id": kb, "name": "answer modes"})
+        assert created.headers["content-type"].startswith("application/json")
+        assert created.json()["result"]["structuredContent"]["kb_id"] == kb
+        arguments = {"kb_id": kb, "content": "Puffins dig burrows on grassy cliffs.", "wait_seconds": 120}
+        waiting = asyncio.ensure_future(rpc(2, "ingest", arguments, progressToken="puffin"))
+        plain: list[httpx.Response] = []
+        while not waiting.done():
+            plain.append(await rpc(100 + len(plain), "list_knowledge_bases", {}))
+        streamed = waiting.result()
+
+    assert len(plain) >= 2, "the plain calls did not overlap the streamed one"
+    for i, response in enumerate(plain):
+        assert response.headers["content-type"].startswith("application/json")
+        assert response.json()["id"] == 100 + i
+        assert kb in [k["kb_id"] for k in response.json()["result"]["structuredContent"]["knowledge_bases"]]
+    assert streamed.headers["content-type"].startswith("text/event-stream")
+    events = [
+        json.loads(line[5:])
+        for line in streamed.text.splitlines()
+        if line.startswith("data:") and line[5:].strip()
+    ]
+    *progress, answer = events
+    assert answer["id"] == 2
+    assert answer["result"]["structuredContent"]["status"] == "ready"
+    assert progress, events
+    assert all(e["method"] == "notifications/progress" for e in progress), events
+    assert {e["params"]["progressToken"] for e in progress} == {"puffin"}
+    assert progress[-1]["params"]["progress"] == 1.0
 
 
 async def test_bad_arguments_are_tool_errors_and_the_session_survives(server: Server) -> None:
