@@ -311,7 +311,7 @@ def _run_claimed(
         if failure.retryable:
             _retry_or_fail(ctx, [(i.ref, i.claim) for i in items], failure, retries_done)
         for item in items:
-            _finish_failed(ctx, item.ref, failure)
+            _finish_failed(ctx, item.ref, failure, item.claim)
         return []
     elapsed = time.perf_counter() - started
     weights = [max(1, i.claim.doc.chunk_count) for i in items]
@@ -319,7 +319,7 @@ def _run_claimed(
     for item, result, weight in zip(items, produced, weights, strict=True):
         if isinstance(result, RaglineError):
             metrics.stage_observed(ref.stage.value, "failed", elapsed * weight / sum(weights))
-            _finish_failed(ctx, item.ref, result)
+            _finish_failed(ctx, item.ref, result, item.claim)
             continue
         may_chain = time.monotonic() < chain_until
         # A batch's peers log under their own ids and record their share in their own traces.
@@ -442,9 +442,20 @@ def _release_for_retry(
         ctx.registry.replace_doc(claimed, doc)
 
 
-def _finish_failed(ctx: WorkerContext, ref: StageRef, error: RaglineError) -> None:
+def _finish_failed(
+    ctx: WorkerContext, ref: StageRef, error: RaglineError, claimed: Versioned | None = None
+) -> None:
+    """Fail the document at `ref`'s stage for good.
+
+    `claimed` is this process's claim, where it still holds one: its record in memory also has
+    what chained hand-overs left unwritten (the timings and transitions of the stages since the
+    last write), which a record read back would lose. Once another write has moved the record on,
+    the stored one is failed instead, if it is still this version.
+    """
+    current = claimed
     for _ in range(5):
-        current = ctx.registry.get_doc(ref.tenant_id, ref.kb_id, ref.doc_id)
+        if current is None:
+            current = ctx.registry.get_doc(ref.tenant_id, ref.kb_id, ref.doc_id)
         if current is None or current.doc.content_version != ref.content_version:
             return
         _fail(current.doc, ref.stage, error)
@@ -454,7 +465,7 @@ def _finish_failed(ctx: WorkerContext, ref: StageRef, error: RaglineError) -> No
             log.warning("document %s/%s failed at %s: %s", ref.kb_id, ref.doc_id, ref.stage, error)
             return
         except Conflict:
-            continue
+            current = None
 
 
 def _chains(ctx: WorkerContext, doc: Document, stage: Stage, nxt: Stage, stages: Stages | None) -> bool:

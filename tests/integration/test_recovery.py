@@ -17,7 +17,7 @@ from opensearchpy.exceptions import ConnectionError as OpenSearchConnectionError
 
 from shared.blobs import BlobStore
 from shared.config import Settings
-from shared.errors import OutageError, RaglineError, TransientError
+from shared.errors import ErrorCode, OutageError, RaglineError, TransientError
 from shared.ingest import QUEUE_LEASE, STAGE_TASK, Ingestor, StageRef
 from shared.models import PIPELINE, STAGE_STATUS, DocStatus, Document, ErrorInfo, Stage, utcnow
 from shared.queue import enqueue
@@ -332,6 +332,43 @@ def test_a_chained_stage_that_fails_transiently_is_sent_again_as_its_own_task(
     doc = wait_terminal(registry, kb, ["chained.txt"], timeout_s=120)["chained.txt"]
     assert doc.status == DocStatus.READY
     assert doc.error is None
+
+
+def test_a_chained_stage_that_fails_for_good_keeps_the_record_of_the_stages_before_it(
+    registry: Registry, settings: Settings, worker_ctx: WorkerContext
+) -> None:
+    """Chunk's hand-over to enrich is not written (the claim has most of its lease left), so the
+    failure's write is the first to record chunk: the failed record has every stage that ran."""
+    kb = new_kb(registry, pii_policy="off")
+    name = "fails-in-enrich.txt"
+    orphan(
+        registry,
+        settings,
+        kb,
+        name,
+        b"The lock keeper opens the gates at noon.\n",
+        lease_until=utcnow() + QUEUE_LEASE,
+    )
+
+    def broken_enrich(ctx: WorkerContext, doc: Document, chunked: Any) -> StageResult:
+        raise RaglineError("the enricher refuses this document", code=ErrorCode.INVALID_ARGUMENT)
+
+    stages = replace(STAGES, functions={**STAGES.functions, Stage.ENRICH: broken_enrich})
+    version = registry.require_doc(kb.tenant_id, kb.kb_id, name).doc.content_version
+    run_stage(worker_ctx, StageRef(kb.tenant_id, kb.kb_id, name, version, Stage.PARSE), stages, 0)
+    doc = registry.require_doc(kb.tenant_id, kb.kb_id, name).doc
+    assert doc.status == DocStatus.FAILED
+    assert doc.error is not None
+    assert (doc.error.stage, doc.error.code, doc.error.retryable) == ("enrich", "INVALID_ARGUMENT", False)
+    assert set(doc.timings) == {"parse", "chunk"}
+    assert (doc.claimed_by, doc.lease_until) == (None, None)
+    statuses = [t["status"] for t in doc.transitions]
+    assert statuses[statuses.index(DocStatus.PARSING.value) :] == [
+        DocStatus.PARSING.value,
+        DocStatus.CHUNKING.value,
+        DocStatus.ENRICHING.value,
+        DocStatus.FAILED.value,
+    ]
 
 
 def test_a_resend_the_broker_refuses_hands_the_document_to_the_reconciler(
