@@ -1,0 +1,38 @@
+"""Which language a document is taken to be in (enrich): its whole body speaks, in any script."""
+
+from __future__ import annotations
+
+from workers.stages.enrich import detect_language, language_sample
+
+ENGLISH = "The ferry leaves the harbour at dawn and returns before the evening fog rolls in. "
+GERMAN = "Die Fähre verlässt den Hafen im Morgengrauen und kehrt zurück, bevor der Abendnebel aufzieht. "
+RUSSIAN = "Паром выходит из гавани на рассвете и возвращается до того, как опустится вечерний туман. "
+JAPANESE = "フェリーは夜明けに港を出て、夕方の霧が立ち込める前に戻ってきます。"
+
+
+def test_each_language_in_its_own_script() -> None:
+    assert detect_language(ENGLISH * 5, "xx") == "en"
+    assert detect_language(GERMAN * 5, "xx") == "de"
+    assert detect_language(RUSSIAN * 5, "xx") == "ru"
+    assert detect_language(JAPANESE * 5, "xx") == "ja"
+
+
+def test_an_english_preamble_does_not_decide_a_german_document() -> None:
+    licence = ENGLISH * 40  # about 3,300 characters of boilerplate up front
+    body = GERMAN * 250
+    assert detect_language(licence + body, "xx") == "de"
+
+
+def test_too_little_text_keeps_the_knowledge_bases_language() -> None:
+    assert detect_language("v1.2 - 3", "fr") == "fr"
+    assert detect_language("", "fr") == "fr"
+
+
+def test_the_sample_is_bounded_and_spans_the_text() -> None:
+    text = "a" * 1000 + "b" * 10_000 + "c" * 1000
+    sample = language_sample(text)
+    assert len(sample) < 2200
+    assert sample.startswith("a")
+    assert sample.endswith("c")
+    assert "b" in sample
+    assert language_sample("short text") == "short text"
