@@ -30,15 +30,16 @@ from services.mcp.server import RaglineMCP
 _json_answer: ContextVar[bool] = ContextVar("json_answer", default=False)
 
 
-def wants_stream(body: bytes) -> bool:
-    """Whether a JSON-RPC body may carry a progress token.
+def wants_stream(body: bytes, accept: str) -> bool:
+    """Whether a JSON-RPC body may carry a progress token, from a client that takes a stream.
 
     A substring test and not a parse, as an ingest body can be megabytes of base64. It cannot
     miss a token a client sent as JSON (a key is written `"progressToken"`), and inside a string
     value the quotes are escaped (`\\"progressToken\\"`), so a false match there is impossible; a
-    false match anywhere would only cost a stream.
+    false match anywhere would only cost a stream. A client that accepts only JSON gets its
+    answer as JSON, without the progress, instead of a 406.
     """
-    return b'"progressToken"' in body
+    return b'"progressToken"' in body and "text/event-stream" in accept
 
 
 class PerRequestTransport(StreamableHTTPServerTransport):
@@ -56,7 +57,7 @@ class PerRequestTransport(StreamableHTTPServerTransport):
         self, scope: Scope, request: Request, receive: Receive, send: Send
     ) -> None:
         body = await request.body()  # Starlette keeps it: the SDK reads the same bytes again
-        chosen = _json_answer.set(not wants_stream(body))
+        chosen = _json_answer.set(not wants_stream(body, request.headers.get("accept", "")))
         try:
             await super()._handle_post_request(scope, request, receive, send)
         finally:

@@ -211,6 +211,15 @@ async def test_a_call_is_answered_as_json_unless_it_asks_for_progress(server: Se
         while not waiting.done():
             plain.append(await rpc(100 + len(plain), "list_knowledge_bases", {}))
         streamed = waiting.result()
+        # A client that takes only JSON gets its answer as JSON, progress or not (not a 406).
+        message = {"jsonrpc": "2.0", "id": 3, "method": "tools/call"}
+        params = {"name": "list_knowledge_bases", "arguments": {}, "_meta": {"progressToken": "p"}}
+        json_only = await http.post(
+            "/mcp", json={**message, "params": params}, headers={"Accept": "application/json"}
+        )
+        assert json_only.status_code == 200, json_only.text
+        assert json_only.headers["content-type"].startswith("application/json")
+        assert json_only.json()["result"]["structuredContent"]["knowledge_bases"]
 
     assert len(plain) >= 2, "the plain calls did not overlap the streamed one"
     for i, response in enumerate(plain):
