@@ -202,6 +202,20 @@ def write_report(r: dict[str, Any], path: Path, plots: Path) -> None:
         "",
         *(
             [
+                "CPU ms per chunk: raw model "
+                f"{raw['cpu_ms_per_chunk']}; during the ingest "
+                + ", ".join(f"{k} {v}" for k, v in off["cpu_ms_per_chunk"].items())
+                + f". The raw model's CPU over the worker's, per chunk: {ingest['cpu_ratio_raw_to_worker']}: "
+                "the share of the worker's CPU that is the model's work, and about the throughput "
+                "ratio a worker host whose cores the services do not share would reach, its waits "
+                "left out. It is not the target's figure.",
+                "",
+            ]
+            if "cpu_ratio_raw_to_worker" in ingest
+            else []
+        ),
+        *(
+            [
                 f"Before it, a throwaway load of {r['warmup']['documents']} documents warmed up a freshly "
                 f"started OpenSearch ({r['warmup']['seconds']} s, {r['warmup']['chunks_per_s']} chunks/s; "
                 "CPU seconds: "

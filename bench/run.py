@@ -344,10 +344,16 @@ class Bench:
             f"raw model: {raw['chunks_per_s']} chunks/s on {raw['chunks']} of the {len(texts)} chunk texts"
         )
         off["per_stage_ms_per_chunk"] = self.stage_costs(kb_off, off["chunks"])
+        off["cpu_ms_per_chunk"] = {
+            name: round(seconds / off["chunks"] * 1000, 2)
+            for name, seconds in off["cpu_seconds"].items()
+            if name != "wall_s"
+        }
         self.results["ingest"] = {
             "pii_off": off,
             "raw_model": raw,
             "ratio_pipeline_to_raw_pii_off": round(off["chunks_per_s"] / raw["chunks_per_s"], 3),
+            "cpu_ratio_raw_to_worker": round(raw["cpu_ms_per_chunk"] / off["cpu_ms_per_chunk"]["worker"], 3),
             "workers": workers,
         }
         self.results["memory"] = rss.summary()
