@@ -59,10 +59,11 @@ def _in_process(path: Path) -> list[dict[str, Any]]:
     return elements
 
 
-def test_text_json_and_csv_never_reach_the_full_server(servers: Servers, tmp_path: Path) -> None:
+def test_text_markdown_json_and_csv_never_reach_the_full_server(servers: Servers, tmp_path: Path) -> None:
     lean, full = servers
     files = {
         "notes.txt": "INSTALLATION\n\n  Run the installer, then restart the service.\n",
+        "guide.md": "# Guide\n\nInstall the *package* first.\n\n## Upgrading\n\nRead the notes.\n",
         "config.json": '{"server": {"port": 8080, "host": "localhost"}}',
         "people.csv": "name,role\nAda,engineer\nGrace,admiral\n",
     }
@@ -70,15 +71,15 @@ def test_text_json_and_csv_never_reach_the_full_server(servers: Servers, tmp_pat
         path = tmp_path / name
         path.write_text(text)
         assert _parsed(path)["elements"] == _in_process(path)
-    assert (lean.calls, full.calls) == (3, 0)
+    assert (lean.calls, full.calls) == (4, 0)
 
 
 def test_other_kinds_go_on_to_the_full_server(servers: Servers, tmp_path: Path) -> None:
     lean, full = servers
-    path = tmp_path / "guide.md"
-    path.write_text("# Guide\n\nInstall the *package* first.\n\n## Upgrading\n\nRead the notes.\n")
+    path = tmp_path / "guide.html"
+    path.write_text("<html><body><h1>Guide</h1><p>Install the <b>package</b> first.</p></body></html>")
     parsed = _parsed(path)
-    assert parsed["mime_type"] == "text/markdown"
+    assert parsed["mime_type"] == "text/html"
     assert parsed["elements"] == _in_process(path)
     assert (lean.calls, full.calls) == (1, 1)
 

