@@ -1,10 +1,11 @@
 """Markdown → elements by its own structure (CommonMark, with GitHub's tables), in linear time.
 
 unstructured renders Markdown to HTML and then classifies each HTML element's text with its
-NLP heuristics: 53 to 179 ms for READMEs of 3 to 11 KB, as long as embedding their chunks
-took. The structure is written in the file: `#` headings and their depth, list items, code
-blocks, tables. markdown-it-py's tokens give it directly, and the file needs only the lean
-parse server (its fork costs 4 ms against the full server's 16).
+NLP heuristics: 103 to 246 ms for five READMEs of 3 to 11 KB in a fresh process, as a parse
+sandbox is, close to what embedding their chunks takes; 3 to 10 ms here. The structure is
+written in the file: `#` headings and their depth, list items, code blocks, tables.
+markdown-it-py's tokens give it directly, and the file needs only the lean parse server (its
+fork costs 4 ms against the full server's 16).
 
 Text is never lost silently: markdown-it stops reading a block nested deeper than its limit, so
 a document that nests that deep is refused.
@@ -14,14 +15,13 @@ from __future__ import annotations
 
 import html
 import re
-from typing import Any
 
 from markdown_it import MarkdownIt
 from markdown_it.token import Token
 
 from shared.errors import ErrorCode, PermanentError
+from workers.stages.elements import Element, element
 
-Element = dict[str, Any]
 # Block quotes and lists nested this deep are no document a person wrote; the limit bounds the
 # parser's recursion.
 MAX_NESTING = 64
@@ -53,12 +53,8 @@ def _front_matter(text: str) -> tuple[str, list[Element]]:
     if found is None:
         return text, []
     title = _FRONT_MATTER_TITLE.search(found.group(1))
-    heading = [_element(title.group(1).strip("'\""), "Title", 0)] if title else []
+    heading = [element(title.group(1).strip("'\""), "Title", depth=0)] if title else []
     return text[found.end() :], heading
-
-
-def _element(text: str, kind: str, depth: int | None = None) -> Element:
-    return {"text": text, "type": kind, "page_number": None, "page_label": None, "category_depth": depth}
 
 
 def _check_nesting(tokens: list[Token]) -> None:
@@ -106,7 +102,7 @@ class _Reader:
         if self.kind == "Table":
             self.row.append(content)
         elif content:
-            self.out.append(_element(content, self.kind, self.depth))
+            self.out.append(element(content, self.kind, depth=self.depth))
 
     def _tr_close(self, _: Token) -> None:
         if any(self.row):
@@ -115,19 +111,19 @@ class _Reader:
 
     def _table_close(self, _: Token) -> None:
         if self.rows:  # one element, a row a line: the chunker packs rows as it packs sentences
-            self.out.append(_element("\n".join(self.rows), "Table"))
+            self.out.append(element("\n".join(self.rows), "Table"))
         self.rows = []
 
     def _fence(self, token: Token) -> None:
         if token.content.strip():
-            self.out.append(_element(token.content.rstrip("\n"), "CodeSnippet"))
+            self.out.append(element(token.content.rstrip("\n"), "CodeSnippet"))
 
     _code_block = _fence
 
     def _html_block(self, token: Token) -> None:
         content = " ".join(html.unescape(_TAG.sub(" ", token.content)).split())
         if content:
-            self.out.append(_element(content, "NarrativeText"))
+            self.out.append(element(content, "NarrativeText"))
 
 
 def _ignore(_: Token) -> None:

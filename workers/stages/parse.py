@@ -32,13 +32,13 @@ from workers.guards import check_archive, check_html, check_pdf, refuse_dtd
 from workers.runner import StageResult
 from workers.sandbox import run_limited
 from workers.sniff import ARCHIVE_KINDS, FileKind, detect
+from workers.stages.elements import Element, element
 from workers.stages.markdown_text import markdown_elements
 from workers.stages.plain_text import text_elements
 
 os.environ.setdefault("DO_NOT_TRACK", "1")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
-Element = dict[str, Any]
 # Kinds whose text is the file itself, so its size bounds the text before any partitioning.
 _PLAIN_KINDS = frozenset({FileKind.TEXT, FileKind.MARKDOWN})
 # Kinds Ragline parses with its own code, which a sandbox of the lean fork server can run.
@@ -106,12 +106,6 @@ def start_fork_server() -> None:
         _fork_servers.append(_ForkServers(lean, ForkServer(_prepare_without_torch)))
 
 
-def _element(
-    text: str, category: str, page: int | None = None, label: str | None = None, depth: int | None = None
-) -> Element:
-    return {"text": text, "type": category, "page_number": page, "page_label": label, "category_depth": depth}
-
-
 def _from_unstructured(elements: list[Any], labels: list[str] | None = None) -> list[Element]:
     out = []
     for item in elements:
@@ -125,7 +119,7 @@ def _from_unstructured(elements: list[Any], labels: list[str] | None = None) -> 
             label = labels[page - 1]
         elif label is None and page is not None:
             label = str(page)
-        out.append(_element(text, item.category, page, label, getattr(meta, "category_depth", None)))
+        out.append(element(text, item.category, page, label, getattr(meta, "category_depth", None)))
     return out
 
 
@@ -164,14 +158,14 @@ def _json(text: str) -> list[Element]:
     def walk(value: Any, path: str, depth: int) -> None:
         if isinstance(value, dict):
             if path:
-                out.append(_element(path, "Title", depth=depth))
+                out.append(element(path, "Title", depth=depth))
             for key, item in value.items():
                 walk(item, f"{path}.{key}" if path else str(key), depth + 1)
         elif isinstance(value, list):
             for index, item in enumerate(value):
                 walk(item, f"{path}[{index}]", depth)
         elif value is not None and str(value).strip():
-            out.append(_element(f"{path}: {value}" if path else str(value), "NarrativeText"))
+            out.append(element(f"{path}: {value}" if path else str(value), "NarrativeText"))
 
     walk(json.loads(text), "", 0)
     return out
@@ -188,11 +182,11 @@ def _csv(text: str) -> list[Element]:
     if not rows:
         return []
     header, body = rows[0], rows[1:]
-    out = [_element(" | ".join(header), "Title", depth=0)]
+    out = [element(" | ".join(header), "Title", depth=0)]
     for row in body:
         pairs = [f"{h}: {v}" for h, v in zip(header, row, strict=False) if v.strip()]
         if pairs:
-            out.append(_element("; ".join(pairs), "NarrativeText"))
+            out.append(element("; ".join(pairs), "NarrativeText"))
     return out
 
 

@@ -16,6 +16,8 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
 
+from workers.stages.elements import element
+
 _BULLET = re.compile(r"(?:[-*+•‣◦▪·]|\(?\d{1,3}[.)]|\(?[a-z][.)])\s+\S")
 _NUMBERED = re.compile(r"(?:\d+\.)*\d+\.?\s+\S.*")
 _UNDERLINE = re.compile(r"(=+|-+|~+|\^+|\*+)")
@@ -84,15 +86,7 @@ def _page_elements(text: str, page: int | None, depths: _Depths, first_page: boo
     block = _Block()
 
     def emit(text: str, kind: str, depth: int | None = None) -> None:
-        out.append(
-            {
-                "text": text,
-                "type": kind,
-                "page_number": page,
-                "page_label": None if page is None else str(page),
-                "category_depth": depth,
-            }
-        )
+        out.append(element(text, kind, page, None if page is None else str(page), depth))
 
     def close() -> None:
         nonlocal block
