@@ -93,6 +93,17 @@ def test_line_endings_and_a_missing_front_matter_change_nothing() -> None:
     )
 
 
+def test_text_between_two_rules_is_not_taken_for_front_matter() -> None:
+    text = "---\n\n# Ferry notes\n\nThe ferry leaves at dawn.\n\n---\n\nReturns by dusk.\n"
+    assert [e["text"] for e in markdown_elements(text)] == [
+        "Ferry notes",
+        "The ferry leaves at dawn.",
+        "Returns by dusk.",
+    ]
+    toml = '+++\ntitle = "Tide tables"\n[params]\ntags = ["sea"]\n+++\n\nHigh water at noon.\n'
+    assert kinds(toml) == [("Title", "Tide tables", 0), ("NarrativeText", "High water at noon.", None)]
+
+
 @pytest.mark.parametrize("marker", ["> ", "- "])
 def test_blocks_nested_past_the_limit_are_refused_not_dropped(marker: str) -> None:
     deep = marker * (MAX_NESTING + 5) + "the innermost line\n\nafter it\n"

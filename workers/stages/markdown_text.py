@@ -27,6 +27,9 @@ from workers.stages.elements import Element, element
 MAX_NESTING = 64
 _FRONT_MATTER = re.compile(r"\A(?:---|\+\+\+)[ \t]*\n(.*?\n)(?:---|\.\.\.|\+\+\+)[ \t]*(?:\n|\Z)", re.S)
 _FRONT_MATTER_TITLE = re.compile(r"^title\s*[:=]\s*(.+?)\s*$", re.M)
+# A line of YAML or TOML metadata: `key: value`, `key = value`, `[table]`, a list entry, a
+# comment or an indented continuation. Prose between two `---` rules is no front matter.
+_METADATA_LINE = re.compile(r"\s*$|\s+\S|[\w.\"'-]+\s*[:=]|\[|-\s|#")
 _TAG = re.compile(r"<[^>]*>")
 
 
@@ -50,7 +53,7 @@ def _inline_text(token: Token) -> str:
 def _front_matter(text: str) -> tuple[str, list[Element]]:
     """The body without its YAML or TOML front matter, and its `title` as the document's heading."""
     found = _FRONT_MATTER.match(text)
-    if found is None:
+    if found is None or not all(_METADATA_LINE.match(line) for line in found.group(1).splitlines()):
         return text, []
     title = _FRONT_MATTER_TITLE.search(found.group(1))
     heading = [element(title.group(1).strip("'\""), "Title", depth=0)] if title else []
