@@ -39,7 +39,7 @@ async def main(kb: str) -> None:
             print(f"\nQ: {question}   ({body['latency_ms']:.0f} ms)")
             for hit in body["results"]:
                 text = " ".join(hit["text"].split())[:140]
-                where = " › ".join(hit["headings"][-2:])
+                where = " › ".join(hit.get("headings", [])[-2:])
                 print(f"  {hit['score']:.4f}  {hit['doc_id']}  [{where}]\n          {text}")
 
 

@@ -116,6 +116,9 @@ async def lifecycle(session: ClientSession) -> None:
     assert not search_schema.is_valid({**found, "results": [{**found["results"][0], "page_num": "1"}]})
     hits = found["results"]
     assert hits[0]["doc_id"] == "heron.txt"
+    # A field at its default is left out (a text file has no pages); the schema gives the default.
+    assert "page_num" not in hits[0]
+    assert (tools["search"].outputSchema or {})["$defs"]["Hit"]["properties"]["page_num"]["default"] is None
     assert hits[0]["semantic"]["rank"] is not None
     volcano = (await call(session, "search", query="basalt columns", kb_ids=[kb], mode="keyword"))["results"]
     assert volcano[0]["doc_id"] == binary["doc_id"]
