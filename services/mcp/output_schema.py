@@ -12,6 +12,8 @@ from typing import Any
 
 from pydantic import BaseModel
 
+from shared.search.hybrid import SearchResponse
+
 # The dialect our output schemas are written in. Left undeclared, a client validates with the
 # latest draft, and checking the schema itself against the 2020-12 meta-schema made the official
 # SDK client's check of each search result cost 13 ms instead of 2.6 ms. The schemas use only
@@ -97,12 +99,12 @@ def _references(node: Any) -> set[str]:
     return found
 
 
-def compact(result: BaseModel) -> dict[str, Any]:
-    """`result` as JSON, without the fields that hold their default (null, [], {}, an arm that
-    did not rank the hit).
+def structured(result: BaseModel) -> dict[str, Any]:
+    """A tool's result as the JSON clients get; a search's hits without their empty fields.
 
-    The output schema gives each such field's default and does not require it, so a client
-    loses nothing; an agent reads fewer tokens, and the client's check has fewer properties to
-    walk.
+    In a hit a default means nothing there (no title or page, no highlights, an arm that did
+    not rank it), the output schema gives it and does not require the field, so a client loses
+    nothing: an agent reads fewer tokens, and the client's check has fewer properties to walk.
+    Elsewhere a default is information: a knowledge base's default PII policy is still its policy.
     """
-    return result.model_dump(mode="json", by_alias=True, exclude_defaults=True)
+    return result.model_dump(mode="json", by_alias=True, exclude_defaults=isinstance(result, SearchResponse))

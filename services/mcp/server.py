@@ -25,7 +25,7 @@ from starlette.concurrency import run_in_threadpool
 
 from services.api.auth import Principal, Role, require
 from services.api.state import AppState
-from services.mcp.output_schema import client_schema, compact
+from services.mcp.output_schema import client_schema, structured
 from shared.catalog import BatchView, DocumentPage, DocumentStatus, DocumentText, KbView
 from shared.errors import ErrorCode, RaglineError
 from shared.models import ID_PATTERN, DocStatus
@@ -90,11 +90,9 @@ class RaglineMCP(FastMCP):
         # CPUs): a finished result goes out as it is. Its text copy (for clients that read only
         # text) is compact JSON: indented, a search's text was 17.8 KB instead of 15.2, read by
         # the client and by the model.
-        structured = compact(result)
-        content: list[ContentBlock] = [
-            TextContent(type="text", text=pydantic_core.to_json(structured).decode())
-        ]
-        return CallToolResult(content=content, structuredContent=structured, isError=False)
+        body = structured(result)
+        content: list[ContentBlock] = [TextContent(type="text", text=pydantic_core.to_json(body).decode())]
+        return CallToolResult(content=content, structuredContent=body, isError=False)
 
 
 def _error_result(cause: BaseException) -> CallToolResult:

@@ -8,7 +8,8 @@ from typing import Any
 
 from jsonschema import Draft7Validator
 
-from services.mcp.output_schema import DIALECT, client_schema, compact, inline_nested_refs, nullable_types
+from services.mcp.output_schema import DIALECT, client_schema, inline_nested_refs, nullable_types, structured
+from shared.models import KbSettings
 from shared.search.hybrid import ArmResult, Hit, SearchResponse
 
 HIT = {"text": "t", "score": 1.0, "kb_id": "k", "doc_id": "d", "chunk_idx": 0, "page_num": None}
@@ -91,7 +92,7 @@ def test_a_definition_that_reaches_itself_keeps_its_reference() -> None:
     assert not Draft7Validator(out).is_valid({"root": {"children": [{"label": "long"}]}})
 
 
-def test_a_compact_result_leaves_out_defaults_and_loses_nothing() -> None:
+def test_a_search_hit_leaves_out_its_empty_fields_and_loses_nothing() -> None:
     bare = Hit(text="t", score=0.5, kb_id="k", doc_id="d", chunk_idx=0, keyword=ArmResult(rank=1, score=2.0))
     full = Hit(
         text="t",
@@ -107,7 +108,7 @@ def test_a_compact_result_leaves_out_defaults_and_loses_nothing() -> None:
         semantic=ArmResult(rank=2, score=0.0),
     )
     response = SearchResponse(results=[bare, full], latency_ms=3.0)
-    out = compact(response)
+    out = structured(response)
     assert set(out["results"][0]) == {"text", "score", "kb_id", "doc_id", "chunk_idx", "keyword"}
     # Falsy values that are not the default (a score of 0, page 0) stay.
     assert out["results"][1]["score"] == 0.0
@@ -115,3 +116,9 @@ def test_a_compact_result_leaves_out_defaults_and_loses_nothing() -> None:
     assert out["results"][1]["semantic"] == {"rank": 2, "score": 0.0}
     assert SearchResponse.model_validate(out) == response
     assert Draft7Validator(client_schema(SearchResponse.model_json_schema())).is_valid(out)
+
+
+def test_other_results_keep_their_defaults() -> None:
+    # A knowledge base's settings at their defaults still tell an agent its PII policy.
+    assert structured(KbSettings()) == KbSettings().model_dump(mode="json")
+    assert structured(KbSettings())["pii_policy"] == "redact"
