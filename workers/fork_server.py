@@ -20,8 +20,8 @@ from collections.abc import Callable
 from functools import partial
 from typing import Any
 
-from shared.errors import ErrorCode, PermanentError, RaglineError
-from workers.sandbox import run_limited
+from shared.errors import ErrorCode, RaglineError
+from workers.sandbox import SandboxError, run_limited
 
 log = logging.getLogger(__name__)
 
@@ -66,7 +66,7 @@ def _serve(sock: socket.socket, prepare: Callable[[], None]) -> None:
                 run_limited(partial(fn, *args), timeout_s=timeout_s, memory_bytes=memory_bytes, what=what),
             )
         except RaglineError as error:
-            reply = ("error", error.code.value, error.message)
+            reply = ("error", error.code.value, error.message, getattr(error, "cause", None))
         try:
             _send(sock, reply)
         except OSError:
@@ -108,7 +108,7 @@ class ForkServer:
             else:
                 if reply[0] == "ok":
                     return reply[1]
-                raise PermanentError(reply[2], code=ErrorCode(reply[1]))
+                raise SandboxError(reply[2], code=ErrorCode(reply[1]), cause=reply[3])
         return run_limited(partial(fn, *args), timeout_s=timeout_s, memory_bytes=memory_bytes, what=what)
 
     def close(self) -> None:

@@ -12,10 +12,36 @@ import resource
 import select
 import signal
 import tempfile
+import traceback
 from collections.abc import Callable
 from typing import Any
 
 from shared.errors import ErrorCode, PermanentError, RaglineError
+
+# The most characters of an exception's message an operator's log gets (a parser's message can
+# quote a few bytes of the file; never more than this).
+CAUSE_CHARS = 200
+
+
+class SandboxError(PermanentError):
+    """A failure in the sandbox. `cause` is for the operator's log only: the exception's type,
+    its message cut to CAUSE_CHARS, and the line of code that raised it; the user gets `message`."""
+
+    def __init__(self, message: str, *, code: ErrorCode, cause: str | None = None) -> None:
+        super().__init__(message, code=code)
+        self.cause = cause
+
+
+def describe(error: BaseException) -> str:
+    """`module.Type: message (at file:line in function)`: what failed and where, for a log."""
+    kind = type(error)
+    name = kind.__qualname__ if kind.__module__ == "builtins" else f"{kind.__module__}.{kind.__qualname__}"
+    message = str(error)
+    if len(message) > CAUSE_CHARS:
+        message = message[:CAUSE_CHARS] + "..."
+    frames = traceback.extract_tb(error.__traceback__)
+    where = f" (at {frames[-1].filename}:{frames[-1].lineno} in {frames[-1].name})" if frames else ""
+    return f"{name}: {message!r}{where}"
 
 
 def _virtual_memory_bytes() -> int:
@@ -53,17 +79,23 @@ def _child(fn: Callable[[], Any], result_path: str, timeout_s: float, memory_byt
             payload: dict[str, Any] = {"ok": fn()}
         except RaglineError as error:
             payload = {"error": error.code.value, "message": error.message}
-        except MemoryError:
+        except MemoryError as error:
             payload = {
                 "error": ErrorCode.PARSE_ERROR.value,
                 "message": "parsing needed more memory than allowed",
+                "cause": describe(error),
             }
-        except RecursionError:
-            payload = {"error": ErrorCode.PARSE_ERROR.value, "message": "the document is nested too deeply"}
+        except RecursionError as error:
+            payload = {
+                "error": ErrorCode.PARSE_ERROR.value,
+                "message": "the document is nested too deeply",
+                "cause": describe(error),
+            }
         except Exception as error:  # noqa: BLE001  (any parser failure means an unreadable file)
             payload = {
                 "error": ErrorCode.PARSE_ERROR.value,
                 "message": f"could not parse the file ({type(error).__name__})",
+                "cause": describe(error),
             }
         with open(result_path, "w", encoding="utf-8") as out:
             json.dump(payload, out)
@@ -95,5 +127,5 @@ def _wait(pid: int, result_path: str, timeout_s: float, what: str) -> Any:
     except (OSError, ValueError):
         raise PermanentError(f"{what} ended without a result", code=ErrorCode.PARSE_ERROR) from None
     if "error" in payload:
-        raise PermanentError(payload["message"], code=ErrorCode(payload["error"]))
+        raise SandboxError(payload["message"], code=ErrorCode(payload["error"]), cause=payload.get("cause"))
     return payload["ok"]

@@ -12,6 +12,7 @@ from pathlib import Path
 
 from shared.errors import ErrorCode, PermanentError
 from workers.guards import prolog_end
+from workers.text_encoding import byte_order_encoding, decode
 
 
 class FileKind(StrEnum):
@@ -53,6 +54,14 @@ _EMAIL_HEADER = re.compile(
 # Both are matched after the comments and declarations that open a file (see prolog_end):
 # a regex repeating `(<!--.*?-->)*` itself backtracks exponentially on a file of many comments.
 _HTML_START = re.compile(r"<!doctype html|<html|<head|<body|<div|<p[ >]|<h[1-6][ >]", re.I)
+# A page fragment (bash's examples/INDEX.html is one <table>) opens with an element only HTML has;
+# as XML its unquoted attributes and unclosed tags would not parse.
+_HTML_FRAGMENT_START = re.compile(
+    r"<(?:table|tr|ul|ol|dl|pre|center|font|blockquote|frameset|iframe|form|hr|br|img|span|"
+    r"a|b|i|em|strong|tt|code|title|meta|link|style|script)[\s>/]",
+    re.I,
+)
+_SVG_START = re.compile(r"<!DOCTYPE\s+svg[\s>]|<svg[\s>/]|<[\w.-]+:svg[\s>/]", re.I)
 # XML may open with a DOCTYPE: parse refuses it, with a clear code, rather than index it as text.
 _XML_START = re.compile(r"<!DOCTYPE\s|<[A-Za-z_][\w.:-]*[\s>/]")
 _MD_EXTENSIONS = (".md", ".markdown", ".mdx")
@@ -80,19 +89,11 @@ def _zip_kind(data: bytes, path: Path | None) -> FileKind:
 
 
 def _decode(data: bytes) -> str:
-    sample = data[:_SAMPLE]
-    if b"\x00" in sample:
+    """The text, in its real encoding (workers/text_encoding.py); `data` may be a file's head."""
+    wide = byte_order_encoding(data) not in (None, "utf-8-sig")  # UTF-16 and UTF-32 hold NULs
+    if not wide and b"\x00" in data[:_SAMPLE]:
         raise unsupported("binary data")
-    for encoding in (
-        ("utf-8-sig", "utf-16") if sample.startswith((b"\xff\xfe", b"\xfe\xff")) else ("utf-8-sig",)
-    ):
-        try:
-            text = data.decode(encoding)
-            break
-        except UnicodeDecodeError:
-            continue
-    else:
-        text = data.decode("latin-1")
+    text = decode(data, markup=True, final=False)
     controls = sum(1 for ch in text[:_SAMPLE] if ord(ch) < 32 and ch not in "\t\n\r\f")
     if controls > max(8, len(text[:_SAMPLE]) // 100):
         raise unsupported("binary data")
@@ -109,6 +110,22 @@ def _looks_like_csv(text: str) -> bool:
         return False
     widths = {len(row) for row in csv.reader(lines, dialect)}
     return len(widths) == 1 and widths.pop() > 1
+
+
+def _markup_kind(stripped: str) -> FileKind | None:
+    """HTML or XML, judged from the start of the text after its prolog; None for other text."""
+    markup = stripped[:_SAMPLE]
+    markup = markup[prolog_end(markup) :].lstrip()
+    if _HTML_START.match(markup):
+        return FileKind.HTML
+    if _SVG_START.match(markup):
+        raise unsupported("an SVG image")
+    declared_xml = stripped.startswith("<?xml")
+    if _HTML_FRAGMENT_START.match(markup) and not declared_xml:
+        return FileKind.HTML
+    if declared_xml or _XML_START.match(markup):
+        return FileKind.XML
+    return None
 
 
 def detect(data: bytes, filename: str | None, path: Path | None = None) -> FileKind:
@@ -132,12 +149,9 @@ def detect(data: bytes, filename: str | None, path: Path | None = None) -> FileK
     name = (filename or "").lower()
     if _EMAIL_HEADER.match(sample) and len(_EMAIL_HEADER.findall(sample[:4096])) >= 2:
         return FileKind.EML
-    markup = stripped[:_SAMPLE]
-    markup = markup[prolog_end(markup) :].lstrip()
-    if _HTML_START.match(markup):
-        return FileKind.HTML
-    if stripped.startswith("<?xml") or _XML_START.match(markup):
-        return FileKind.XML
+    markup_kind = _markup_kind(stripped)
+    if markup_kind is not None:
+        return markup_kind
     if stripped[:1] in "[{":
         try:
             json.loads(stripped)

@@ -7,7 +7,7 @@ import time
 import pytest
 
 from shared.errors import ErrorCode, PermanentError
-from workers.sandbox import run_limited
+from workers.sandbox import CAUSE_CHARS, SandboxError, run_limited
 
 
 def test_result_comes_back() -> None:
@@ -26,3 +26,25 @@ def test_endless_work_times_out() -> None:
         run_limited(lambda: time.sleep(60), timeout_s=1, memory_bytes=1 << 30, what="parsing")
     assert caught.value.code == ErrorCode.TIMEOUT
     assert time.monotonic() - started < 10
+
+
+def _fails_deep_inside() -> None:
+    raise ValueError("Unicode strings with encoding declaration are not supported.")
+
+
+def test_an_unexpected_failure_keeps_its_cause_for_the_log() -> None:
+    with pytest.raises(SandboxError) as caught:
+        run_limited(_fails_deep_inside, timeout_s=10, memory_bytes=1 << 30, what="parsing")
+    # The user sees the class only; the operator's log gets type, message and the raising line.
+    assert caught.value.message == "could not parse the file (ValueError)"
+    assert caught.value.cause is not None
+    assert caught.value.cause.startswith("ValueError: 'Unicode strings with encoding declaration")
+    assert "test_sandbox.py" in caught.value.cause
+    assert "in _fails_deep_inside" in caught.value.cause
+
+
+def test_a_long_message_is_cut_in_the_cause() -> None:
+    with pytest.raises(SandboxError) as caught:
+        run_limited(lambda: int("9" * 5000, 2), timeout_s=10, memory_bytes=1 << 30, what="parsing")
+    assert caught.value.cause is not None
+    assert len(caught.value.cause) < CAUSE_CHARS + 200

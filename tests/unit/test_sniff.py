@@ -67,3 +67,18 @@ def test_xml_opening_with_a_doctype_is_xml_so_parse_refuses_it() -> None:
     bare = hostile.xxe(Path("/etc/hostname"), declaration=False)
     assert bare.startswith(b"<!DOCTYPE")
     assert detect(bare, "note.txt") == FileKind.XML
+
+
+def test_an_svg_image_is_refused_as_an_image() -> None:
+    svg = b'<?xml version="1.0" encoding="UTF-8"?>\n<!-- Generator: doxygen -->\n<svg xmlns="http://www.w3.org/2000/svg"/>'
+    with pytest.raises(PermanentError) as caught:
+        detect(svg, "doxygen.svg")
+    assert caught.value.code == ErrorCode.UNSUPPORTED_MEDIA_TYPE
+    assert "SVG" in caught.value.message
+
+
+def test_an_html_fragment_is_html_not_xml() -> None:
+    # bash-doc's examples/INDEX.html: one table, unquoted attributes; as XML it did not parse.
+    fragment = b"<table border=1>\n  <tr>\n    <th>Path</th>\n  </tr>\n  <tr><td>./misc<td>More\n</table>\n"
+    assert detect(fragment, "INDEX.html") == FileKind.HTML
+    assert detect(b'<?xml version="1.0"?>\n<table><row/></table>', "data.xml") == FileKind.XML

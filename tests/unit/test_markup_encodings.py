@@ -1,0 +1,143 @@
+"""XHTML and XML parse in whatever encoding they declare, and their DTD guards still hold.
+
+asciidoc, DocBook and many other generators open every page with `<?xml ... encoding=...?>`;
+lxml refuses a decoded `str` that carries one, so every such page failed with PARSE_ERROR.
+"""
+
+from __future__ import annotations
+
+import codecs
+from pathlib import Path
+
+import pytest
+
+from shared.config import ParseSettings
+from shared.errors import ErrorCode, PermanentError
+from tests.fixtures import hostile
+from workers.sniff import FileKind, detect
+from workers.stages import parse
+from workers.text_encoding import decode, decode_markup
+
+WORDS = "Grüße aus Köln: café, naïve façade, 50 €"  # € is in windows-1252, not latin-1
+LATIN_WORDS = WORDS.replace(" €", "")
+XHTML_DOCTYPE = (
+    '<!DOCTYPE html PUBLIC "-//W3C//DTD XHTML 1.0 Transitional//EN" '
+    '"http://www.w3.org/TR/xhtml1/DTD/xhtml1-transitional.dtd">\n'
+)
+
+
+def _xhtml(words: str, *, declaration: str | None, meta: str | None) -> str:
+    head = f'<?xml version="1.0" encoding="{declaration}"?>\n' if declaration else ""
+    charset = f'<meta http-equiv="Content-Type" content="text/html; charset={meta}" />' if meta else ""
+    return (
+        f'{head}{XHTML_DOCTYPE}<html xmlns="http://www.w3.org/1999/xhtml"><head>{charset}'
+        f"<title>Greetings</title></head><body><h1>Greetings</h1><p>{words}</p></body></html>\n"
+    )
+
+
+def _parsed_text(tmp_path: Path, data: bytes, name: str = "page.html") -> tuple[str, list[str]]:
+    path = tmp_path / name
+    path.write_bytes(data)
+    parse.prepare()
+    result = parse._parse(path, name, ParseSettings(), ocr=False)
+    return result["kind"], [e["text"] for e in result["elements"]]
+
+
+@pytest.mark.parametrize(
+    ("declaration", "meta", "encoding", "words"),
+    [
+        ("UTF-8", None, "utf-8", WORDS),
+        ("utf-8", "utf-8", "utf-8", WORDS),
+        ("ISO-8859-1", None, "latin-1", LATIN_WORDS),
+        ("ISO-8859-1", "ISO-8859-1", "latin-1", LATIN_WORDS),
+        ("windows-1252", None, "cp1252", WORDS),
+        ("UTF-16", None, "utf-16", WORDS),  # Python's utf-16 writes a byte order mark
+        # The declaration disagrees with the <meta>: the bytes decide.
+        ("UTF-8", "ISO-8859-1", "latin-1", LATIN_WORDS),
+        ("ISO-8859-1", "utf-8", "utf-8", WORDS),
+        # No declaration: the <meta>, or UTF-8.
+        (None, "windows-1252", "cp1252", WORDS),
+        (None, "ISO-8859-1", "latin-1", LATIN_WORDS),
+        (None, None, "utf-8", WORDS),
+    ],
+)
+def test_xhtml_parses_in_every_encoding_and_declaration(
+    tmp_path: Path, declaration: str | None, meta: str | None, encoding: str, words: str
+) -> None:
+    data = _xhtml(words, declaration=declaration, meta=meta).encode(encoding)
+    kind, texts = _parsed_text(tmp_path, data)
+    assert kind == FileKind.HTML.value
+    assert "Greetings" in texts
+    assert words in texts
+
+
+def test_utf16_without_byte_order_mark_is_read_from_its_declaration(tmp_path: Path) -> None:
+    data = _xhtml(WORDS, declaration="UTF-16", meta=None).encode("utf-16-le")
+    assert not data.startswith(codecs.BOM_UTF16_LE)
+    assert WORDS in _parsed_text(tmp_path, data)[1]
+
+
+def test_a_utf8_byte_order_mark_before_the_declaration(tmp_path: Path) -> None:
+    data = codecs.BOM_UTF8 + _xhtml(WORDS, declaration="UTF-8", meta=None).encode()
+    assert WORDS in _parsed_text(tmp_path, data)[1]
+
+
+@pytest.mark.parametrize("encoding", ["utf-8", "latin-1", "utf-16"])
+def test_xml_parses_in_its_declared_encoding(tmp_path: Path, encoding: str) -> None:
+    name = "UTF-16" if encoding == "utf-16" else encoding.upper()
+    xml = f'<?xml version="1.0" encoding="{name}"?>\n<notes><note>{LATIN_WORDS}</note></notes>\n'
+    kind, texts = _parsed_text(tmp_path, xml.encode(encoding), "notes.xml")
+    assert kind == FileKind.XML.value
+    assert texts == [LATIN_WORDS]
+
+
+@pytest.mark.parametrize(
+    "data",
+    [
+        hostile.billion_laughs(),
+        hostile.billion_laughs()
+        .decode()
+        .replace('version="1.0"', 'version="1.0" encoding="UTF-16"')
+        .encode("utf-16"),
+        hostile.billion_laughs().replace(b'version="1.0"', b'version="1.0" encoding="ISO-8859-1"'),
+        hostile.xxe(Path("/etc/hostname")).decode().encode("utf-16"),
+    ],
+)
+def test_dtds_are_refused_in_every_encoding(tmp_path: Path, data: bytes) -> None:
+    with pytest.raises(PermanentError) as refused:
+        _parsed_text(tmp_path, data, "bomb.xml")
+    assert refused.value.code == ErrorCode.PARSE_ERROR
+    assert "document type declaration" in refused.value.message
+
+
+def test_an_internal_subset_in_xhtml_is_never_expanded(tmp_path: Path) -> None:
+    page = (
+        '<?xml version="1.0" encoding="UTF-8"?>\n<!DOCTYPE html [<!ENTITY a "lol"><!ENTITY b '
+        '"&a;&a;&a;&a;&a;&a;&a;&a;"><!ENTITY x SYSTEM "file:///etc/hostname">]>\n'
+        "<html><body><p>Laughs: &b; and &x;</p></body></html>"
+    )
+    texts = _parsed_text(tmp_path, page.encode())[1]
+    assert "lol" not in " ".join(texts)
+    assert Path("/etc/hostname").read_text().strip() not in " ".join(texts)
+
+
+def test_the_declaration_is_gone_once_decoded() -> None:
+    text = decode_markup(b'  <?xml version="1.0" encoding="ISO-8859-1"?>\n<a>caf\xe9</a>')
+    assert text == "\n<a>café</a>"
+
+
+def test_plain_text_in_windows_1252_is_not_mangled() -> None:
+    assert decode("“quoted” café".encode("cp1252")) == "“quoted” café"
+    assert decode("plain café".encode()) == "plain café"
+
+
+def test_a_head_cut_inside_a_character_is_still_utf8() -> None:
+    data = ("x" * 10 + "é").encode()[:-1]
+    assert decode(data, final=False) == "x" * 10
+
+
+@pytest.mark.parametrize("encoding", ["utf-16", "utf-16-le", "utf-32"])
+def test_wide_encodings_are_text_not_binary(encoding: str) -> None:
+    text = _xhtml(WORDS, declaration="UTF-16" if "16" in encoding else "UTF-32", meta=None)
+    assert detect(text.encode(encoding), "page.html") == FileKind.HTML
+    assert detect("A note in UTF-16.\n".encode("utf-16"), "note.txt") == FileKind.TEXT
