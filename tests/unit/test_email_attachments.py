@@ -1,0 +1,119 @@
+"""An e-mail's attachments are judged, guarded and parsed like uploads, never by unstructured's own way."""
+
+from __future__ import annotations
+
+import zipfile
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from shared.config import ParseSettings
+from shared.errors import ErrorCode, PermanentError
+from tests.fixtures import hostile, samples
+from workers.stages import parse
+
+
+def _parsed(tmp_path: Path, data: bytes, limits: ParseSettings | None = None) -> dict[str, Any]:
+    path = tmp_path / "mail.eml"
+    path.write_bytes(data)
+    parse.prepare()
+    result = parse._parse(path, "mail.eml", limits or ParseSettings(), ocr=False)
+    assert result["kind"] == "message/rfc822"
+    return result
+
+
+def _texts(result: dict[str, Any]) -> str:
+    return "\n".join(e["text"] for e in result["elements"])
+
+
+def _refused(tmp_path: Path, data: bytes, code: ErrorCode) -> str:
+    with pytest.raises(PermanentError) as refused:
+        _parsed(tmp_path, data)
+    assert refused.value.code == code
+    return refused.value.message
+
+
+def test_allowed_attachments_are_parsed_with_the_body(tmp_path: Path) -> None:
+    report = samples.docx("Quarterly", {"Revenue": "Saffron exports doubled."})
+    text = _texts(
+        _parsed(tmp_path, hostile.email_with({"report.docx": report, "notes.txt": b"Walrus notes.\n"}))
+    )
+    assert "Please find the files attached." in text
+    assert "Saffron exports doubled." in text
+    assert "Walrus notes." in text
+
+
+def test_a_refused_type_is_left_out_with_a_note(tmp_path: Path) -> None:
+    attached = {"setup.exe": hostile.windows_executable(), "photo.png": b"\x89PNG\r\n\x1a\n" + bytes(64)}
+    text = _texts(_parsed(tmp_path, hostile.email_with(attached)))
+    assert "Attachment setup.exe is not indexed: unsupported file type: a Windows executable." in text
+    assert "Attachment photo.png is not indexed: unsupported file type: a PNG image." in text
+    assert "Please find the files attached." in text
+
+
+def test_a_plain_zip_archive_is_not_expanded(tmp_path: Path) -> None:
+    archive = tmp_path / "bundle.zip"
+    with zipfile.ZipFile(archive, "w") as bundle:
+        bundle.writestr("inner.txt", "Hidden inner text.")
+    text = _texts(_parsed(tmp_path, hostile.email_with({"bundle.zip": archive.read_bytes()})))
+    assert "Hidden inner text." not in text
+    assert "archives are not expanded" in text
+
+
+def test_a_zip_bomb_attachment_fails_the_message_unexpanded(tmp_path: Path) -> None:
+    message = _refused(
+        tmp_path, hostile.email_with({"report.docx": hostile.docx_bomb(1024)}), ErrorCode.TOO_LARGE
+    )
+    assert f"over the limit of {ParseSettings().max_archive_ratio}:1" in message
+
+
+def test_a_lying_zip_attachment_fails_the_message(tmp_path: Path) -> None:
+    data = hostile.email_with({"report.docx": hostile.lying_docx(64, declared_size=4096)})
+    assert "declares" in _refused(tmp_path, data, ErrorCode.PARSE_ERROR)
+
+
+@pytest.mark.parametrize(
+    "attachment",
+    [
+        hostile.billion_laughs(),
+        hostile.xxe(Path("/etc/hostname")),
+        hostile.docx_with_dtd(Path("/etc/hostname")),
+    ],
+)
+def test_a_dtd_attachment_fails_the_message(tmp_path: Path, attachment: bytes) -> None:
+    data = hostile.email_with({"data.xml": attachment})
+    assert "document type declaration" in _refused(tmp_path, data, ErrorCode.PARSE_ERROR)
+
+
+def test_an_attached_message_is_parsed_like_its_parent(tmp_path: Path) -> None:
+    inner = hostile.email_with({"data.xml": hostile.billion_laughs()}, body="Forwarded inner body.")
+    _refused(tmp_path, hostile.email_with({"forward.eml": inner}), ErrorCode.PARSE_ERROR)
+    harmless = hostile.email_with({"notes.txt": b"Inner attachment text.\n"}, body="Forwarded inner body.")
+    text = _texts(_parsed(tmp_path, hostile.email_with({"forward.eml": harmless})))
+    assert "Forwarded inner body." in text
+    assert "Inner attachment text." in text
+
+
+def test_messages_nested_past_the_depth_are_refused(tmp_path: Path) -> None:
+    message = hostile.email_with({}, body="The innermost body.")
+    for _ in range(parse.MAX_MESSAGE_DEPTH + 1):
+        message = hostile.email_with({"forward.eml": message})
+    assert "nests" in _refused(tmp_path, message, ErrorCode.PARSE_ERROR)
+
+
+def test_attachments_past_the_member_limit_are_refused(tmp_path: Path) -> None:
+    limits = ParseSettings(max_archive_members=10)
+    data = hostile.email_with({f"note{i}.txt": b"A note.\n" for i in range(11)})
+    with pytest.raises(PermanentError) as refused:
+        _parsed(tmp_path, data, limits)
+    assert refused.value.code == ErrorCode.TOO_LARGE
+    _parsed(tmp_path, hostile.email_with({f"note{i}.txt": b"A note.\n" for i in range(10)}), limits)
+
+
+def test_the_text_limit_counts_the_attachments(tmp_path: Path) -> None:
+    limits = ParseSettings(max_text_chars=5000)
+    data = hostile.email_with({"a.txt": b"lorem ipsum " * 300, "b.txt": b"lorem ipsum " * 300})
+    with pytest.raises(PermanentError) as refused:
+        _parsed(tmp_path, data, limits)
+    assert refused.value.code == ErrorCode.TOO_LARGE

@@ -1,0 +1,45 @@
+"""An e-mail's attachments as bytes, so that each is judged and guarded like an upload.
+
+unstructured would partition attachments itself, with no type allow-list and none of the checks
+of workers/guards.py: a zip bomb or a DTD attached to a message was expanded. parse.py partitions
+only the message body with unstructured and hands each attachment back to its own pipeline.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+from email import policy
+from email.message import EmailMessage, Message
+from email.parser import BytesParser
+from pathlib import Path
+
+
+@dataclass(frozen=True)
+class Attachment:
+    name: str | None  # as the sender wrote it: a label, never a path
+    data: bytes
+
+
+def _bytes_of(part: EmailMessage) -> bytes:
+    if part.is_multipart():
+        # An attached message, or a multipart part (a signed message): the whole part, as sent.
+        inner = part.get_payload()
+        if part.get_content_type() == "message/rfc822" and isinstance(inner, list) and inner:
+            enclosed = inner[0]
+            if isinstance(enclosed, Message):
+                return enclosed.as_bytes()
+        return part.as_bytes()
+    payload = part.get_payload(decode=True)  # base64 and quoted-printable undone
+    return payload if isinstance(payload, bytes) else b""
+
+
+def attachments(path: Path) -> Iterator[Attachment]:
+    """The attachments of the message at `path`, in order (not those of attached messages)."""
+    with path.open("rb") as handle:
+        message = BytesParser(policy=policy.default).parse(handle)
+    if not isinstance(message, EmailMessage):
+        return
+    for part in message.iter_attachments():
+        if isinstance(part, EmailMessage):
+            yield Attachment(part.get_filename(), _bytes_of(part))
