@@ -4,14 +4,13 @@ from __future__ import annotations
 
 import base64
 import json
-from pathlib import Path
 from typing import Any
 
 from pydantic import BaseModel, Field
 
 from shared import fairqueue
 from shared.config import Settings
-from shared.embedding import known_models
+from shared.embedding import servable_models
 from shared.errors import ErrorCode, RaglineError
 from shared.ingest import Ingestor
 from shared.models import DocStatus, Document, KbSettings, KnowledgeBase, Reembed
@@ -215,9 +214,14 @@ class Catalog:
         return self.view(kb, (0, 0))
 
     def update_kb(self, tenant_id: str, kb_id: str, changes: KbChanges) -> KbView:
-        kb = self.registry.get_kb(tenant_id, kb_id)
-        updated = kb.model_copy(update=changes.model_dump(exclude_none=True))
-        self.registry.save_kb(updated)
+        """Apply the changed fields to the current record (optimistic: a racing write, such as a
+        reembed finishing, is read and kept; the fields are simply set again on it)."""
+        fields = {name: value for name, value in changes if value is not None}
+
+        def apply(kb: KnowledgeBase) -> KnowledgeBase:
+            return kb.model_copy(update=fields)
+
+        self.registry.update_kb(tenant_id, kb_id, apply)
         return self.get_kb(tenant_id, kb_id)
 
     def delete_kb(self, tenant_id: str, kb_id: str) -> None:
@@ -234,6 +238,7 @@ class Catalog:
             index=self.registry.docs, body={"query": scope}, refresh=True, conflicts="proceed"
         )
         self.registry.delete_kb(tenant_id, kb_id)
+        fairqueue.purge(self.ingestor.broker, tenant_id, kb_id)  # its waiting documents are gone
         # Indexes of its own (after a reembed) go too; the shared index only lost its chunks.
         aliases = [kb_alias(self.settings, tenant_id, kb_id), next_alias(self.settings, tenant_id, kb_id)]
         self.client.indices.delete_alias(index="_all", name=",".join(aliases), ignore=[404])
@@ -243,19 +248,24 @@ class Catalog:
 
     def start_reembed(self, tenant_id: str, kb_id: str, model: str) -> KbView:
         """Mark the KB and hand the reembed to a worker (workers/reembed.py); CONFLICT if one runs."""
-        if model not in known_models() and not (Path(model) / "tokenizer.json").is_file():
+        allowed = servable_models(self.settings.embedding)
+        if model not in allowed:
             raise RaglineError(
-                f"unknown embedding model '{model}'; known: {known_models()} or a local model directory",
+                f"unknown embedding model; known: {allowed}",
                 code=ErrorCode.INVALID_ARGUMENT,
+                details={"known": allowed},
             )
-        kb = self.registry.get_kb(tenant_id, kb_id)
-        if kb.reembed is not None:
-            raise RaglineError(
-                f"knowledge base '{kb_id}' is already being re-embedded (to '{kb.reembed.model}')",
-                code=ErrorCode.CONFLICT,
-            )
-        kb.reembed, kb.reembed_error = Reembed(model=model), None
-        self.registry.save_kb(kb)
+
+        def mark(kb: KnowledgeBase) -> KnowledgeBase:
+            if kb.reembed is not None:
+                raise RaglineError(
+                    f"knowledge base '{kb_id}' is already being re-embedded (to '{kb.reembed.model}')",
+                    code=ErrorCode.CONFLICT,
+                )
+            kb.reembed, kb.reembed_error = Reembed(model=model), None
+            return kb
+
+        self.registry.update_kb(tenant_id, kb_id, mark)
         enqueue(
             self.ingestor.sender,
             self.settings,

@@ -197,6 +197,11 @@ class EmbeddingSettings(_Section):
         Path.home() / ".cache" / "ragline" / "models",
         description="Where the ONNX export of the model is kept.",
     )
+    extra_models: tuple[str, ...] = Field(
+        (),
+        description="Local model directories (with tokenizer.json) a reembed may use besides the "
+        "packaged models; the same path in the API and the workers.",
+    )
 
 
 class ParseSettings(_Section):
@@ -272,6 +277,12 @@ class ApiSettings(_Section):
     max_request_bytes: int = Field(512 << 20, ge=1, description="Largest accepted request body.")
     interactive_max_bytes: int = Field(
         5 << 20, ge=0, description="Single uploads up to this size go to the interactive queue."
+    )
+    interactive_max_in_flight: int = Field(
+        4,
+        ge=0,
+        description="A tenant's unfinished documents on the interactive queue at most; "
+        "more wait in its fair bulk lane (0: no interactive queue).",
     )
     max_queued_tasks: int = Field(
         2000,

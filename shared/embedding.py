@@ -9,6 +9,7 @@ the local cache) and sentence-transformers.
 
 from __future__ import annotations
 
+import hashlib
 import os
 import shutil
 import tempfile
@@ -45,6 +46,12 @@ class ModelUnavailable(RuntimeError):
 
 def known_models() -> list[str]:
     return sorted([*PACKAGED_MODELS, *SPLIT_PACKAGED_MODELS])
+
+
+def servable_models(settings: EmbeddingSettings) -> list[str]:
+    """The models a knowledge base may move to: the packaged ones and those the operator configured
+    (the default model and `extra_models`); never a path a caller names."""
+    return sorted({*known_models(), settings.model, *settings.extra_models})
 
 
 def model_dir(model: str, cache_dir: Path = DEFAULT_CACHE_DIR) -> Path:
@@ -259,12 +266,20 @@ _export_lock = threading.Lock()
 def onnx_model_path(settings: EmbeddingSettings) -> Path:
     """The model's .onnx in the local cache, exported once from the packaged weights."""
     directory = model_dir(settings.model, settings.cache_dir)
-    target = settings.cache_dir / settings.model / "model.onnx"
+    target = _export_dir(settings) / "model.onnx"
     with _export_lock:
         if not target.is_file():
             target.parent.mkdir(parents=True, exist_ok=True)
             export_onnx(directory, target)
     return target
+
+
+def _export_dir(settings: EmbeddingSettings) -> Path:
+    """Where a model's exports go: always inside the cache, a local model's under a digest of its path."""
+    if settings.model in known_models():
+        return settings.cache_dir / settings.model
+    digest = hashlib.sha256(str(Path(settings.model).resolve()).encode()).hexdigest()[:16]
+    return settings.cache_dir / "local" / digest
 
 
 def export_onnx(directory: Path, target: Path) -> None:

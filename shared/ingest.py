@@ -17,10 +17,11 @@ import redis
 from celery import Celery
 
 from shared import fairqueue, tracing
+from shared.admission import Admission, Admitter
 from shared.blobs import BlobStore
 from shared.config import Settings
 from shared.errors import ErrorCode, RaglineError
-from shared.models import DocStatus, Document, Outcome, Stage, safe_doc_id, utcnow
+from shared.models import DocStatus, Document, Outcome, Stage, check_doc_id, safe_doc_id, utcnow
 from shared.queue import enqueue, stage_queue
 from shared.registry import Conflict, Registry, Versioned
 from shared.search.chunks import delete_generations
@@ -38,6 +39,21 @@ class SubmitResult:
     outcome: Outcome
     status: DocStatus
     content_version: int
+
+
+@dataclass(frozen=True)
+class Upload:
+    """One document of a request: its bytes (or a stream of them) and what the caller said of it."""
+
+    data: bytes | Iterable[bytes]
+    filename: str | None = None
+    mime_type: str | None = None
+    doc_id: str | None = None
+    size: int | None = None  # known before reading (a spooled multipart file), else None
+
+    @property
+    def known_size(self) -> int | None:
+        return len(self.data) if isinstance(self.data, bytes) else self.size
 
 
 @dataclass(frozen=True)
@@ -72,6 +88,7 @@ class Ingestor:
         self.client = registry.client
         self.blobs = blobs
         self.sender = sender
+        self.admitter = Admitter(settings, registry, broker)
 
     def submit(
         self,
@@ -85,15 +102,75 @@ class Ingestor:
         metadata: dict[str, Any] | None = None,
         source_uri: str | None = None,
         batch_id: str | None = None,
-        queue: str = "bulk",
-        max_bytes: int | None = None,
+        priority: str | None = None,
+        size: int | None = None,
     ) -> SubmitResult:
-        """Store the bytes, register the document and enqueue its first stage."""
+        """Admit one document, store its bytes, register it and start its pipeline."""
+        upload = Upload(data, filename=filename, mime_type=mime_type, doc_id=doc_id, size=size)
+        return self.submit_many(
+            tenant_id,
+            kb_id,
+            [upload],
+            metadata=metadata,
+            source_uri=source_uri,
+            batch_id=batch_id,
+            priority=priority,
+        )[0]
+
+    def submit_many(
+        self,
+        tenant_id: str,
+        kb_id: str,
+        uploads: list[Upload],
+        *,
+        metadata: dict[str, Any] | None = None,
+        source_uri: str | None = None,
+        batch_id: str | None = None,
+        priority: str | None = None,
+    ) -> list[SubmitResult]:
+        """Admit a request's documents (shared/admission.py), then store, register and start each.
+
+        Everything that can refuse the request (unknown KB, a bad doc_id, a known size over the
+        limit, the tenant's bounds) is checked before the first byte is stored, so a refused
+        request leaves nothing behind. `priority` is what the caller asked for; admission decides.
+        """
         self.registry.get_kb(tenant_id, kb_id)  # NOT_FOUND before any byte is stored
-        if queue not in self.settings.celery.queues:
-            raise RaglineError(f"unknown queue '{queue}'", code=ErrorCode.INVALID_ARGUMENT)
-        blob = self.blobs.put(data, max_bytes=max_bytes)
-        final_id = doc_id or safe_doc_id(filename or f"doc-{blob.sha256[:16]}")
+        limit = self.settings.api.max_file_bytes
+        for number, upload in enumerate(uploads, start=1):
+            if upload.doc_id is not None:
+                check_doc_id(upload.doc_id)
+            if upload.known_size is not None and upload.known_size > limit:
+                raise RaglineError(
+                    f"document {number} of the request exceeds the limit of {limit} bytes",
+                    code=ErrorCode.TOO_LARGE,
+                    details={"limit": limit, "document": number},
+                )
+        admission = self.admitter.admit(tenant_id, priority, [u.known_size for u in uploads])
+        results: list[SubmitResult] = []
+        try:
+            for upload in uploads:
+                results.append(
+                    self._store_and_register(
+                        tenant_id, kb_id, upload, metadata or {}, source_uri, batch_id, admission
+                    )
+                )
+        finally:
+            if not any(r.outcome != Outcome.UNCHANGED for r in results):
+                self.admitter.release(admission, tenant_id)
+        return results
+
+    def _store_and_register(
+        self,
+        tenant_id: str,
+        kb_id: str,
+        upload: Upload,
+        metadata: dict[str, Any],
+        source_uri: str | None,
+        batch_id: str | None,
+        admission: Admission,
+    ) -> SubmitResult:
+        blob = self.blobs.put(upload.data, max_bytes=self.settings.api.max_file_bytes)
+        final_id = upload.doc_id or safe_doc_id(upload.filename or f"doc-{blob.sha256[:16]}")
         for _ in range(5):
             try:
                 return self._register(
@@ -102,12 +179,12 @@ class Ingestor:
                     final_id,
                     blob.sha256,
                     blob.size,
-                    filename,
-                    mime_type,
-                    metadata or {},
-                    source_uri or filename,
+                    upload.filename,
+                    upload.mime_type,
+                    metadata,
+                    source_uri or upload.filename,
                     batch_id,
-                    queue,
+                    admission,
                 )
             except Conflict:
                 continue  # someone else wrote the record in between: read it again
@@ -125,7 +202,7 @@ class Ingestor:
         metadata: dict[str, Any],
         source_uri: str | None,
         batch_id: str | None,
-        queue: str,
+        admission: Admission,
     ) -> SubmitResult:
         current = self.registry.get_doc(tenant_id, kb_id, doc_id)
         if current is not None and _unchanged(current.doc, sha256, metadata):
@@ -142,7 +219,7 @@ class Ingestor:
             source_uri=source_uri,
             metadata=metadata,
             batch_id=batch_id,
-            queue=queue,
+            queue=admission.queue,
             lease_until=now + QUEUE_LEASE,
             transitions=[{"status": DocStatus.QUEUED.value, "at": now.isoformat()}],
             trace=tracing.carrier(),
@@ -159,11 +236,24 @@ class Ingestor:
             doc.created_at = previous.created_at
             stored = self.registry.replace_doc(current, doc)
             outcome = Outcome.CREATED if previous.status == DocStatus.DELETED else Outcome.UPDATED
+        self.admitter.hold(admission, tenant_id, kb_id, doc_id, doc.content_version)
         self._start(stored)
         return SubmitResult(doc_id, outcome, DocStatus.QUEUED, doc.content_version)
 
     def reingest(self, tenant_id: str, kb_id: str, doc_id: str) -> SubmitResult:
-        """Run the pipeline again from the stored bytes (after a fix, or new KB settings)."""
+        """Run the pipeline again from the stored bytes (after a fix, or new KB settings).
+
+        It is admitted like an upload of the same size (shared/admission.py).
+        """
+        found = self.registry.require_doc(tenant_id, kb_id, doc_id)
+        admission = self.admitter.admit(tenant_id, None, [found.doc.file_size])
+        try:
+            return self._reingest(tenant_id, kb_id, doc_id, admission)
+        except BaseException:
+            self.admitter.release(admission, tenant_id)
+            raise
+
+    def _reingest(self, tenant_id: str, kb_id: str, doc_id: str, admission: Admission) -> SubmitResult:
         for _ in range(5):
             current = self.registry.require_doc(tenant_id, kb_id, doc_id)
             previous = current.doc
@@ -172,6 +262,7 @@ class Ingestor:
             now = utcnow()
             doc = previous.model_copy(deep=True)
             doc.content_version += 1
+            doc.queue = admission.queue
             doc.trace = tracing.carrier()
             doc.status, doc.stage, doc.progress, doc.attempts, doc.error = (
                 DocStatus.QUEUED,
@@ -188,6 +279,7 @@ class Ingestor:
                 stored = self.registry.replace_doc(current, doc)
             except Conflict:
                 continue
+            self.admitter.hold(admission, tenant_id, kb_id, doc_id, doc.content_version)
             self._start(stored)
             return SubmitResult(doc_id, Outcome.UPDATED, DocStatus.QUEUED, doc.content_version)
         raise RaglineError(f"document '{doc_id}' is being changed concurrently", code=ErrorCode.CONFLICT)

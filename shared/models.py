@@ -9,8 +9,20 @@ from typing import Any
 
 from pydantic import BaseModel, Field, model_validator
 
+from shared.errors import ErrorCode, RaglineError
+
 ID_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._~-]{0,127}$"
 _DOC_ID_UNSAFE = re.compile(r"[^A-Za-z0-9._~/-]+")
+DOC_ID_MAX_CHARS = 200
+# The registry key is "<tenant>/<kb>/<doc_id>" and OpenSearch ids hold 512 bytes: tenant ids are at
+# most 63 characters and KB ids 128, which leaves this much for the document id.
+DOC_ID_MAX_BYTES = 300
+# Control characters (C0, DEL, C1), line and paragraph separators, and the bidirectional marks,
+# embeddings, overrides and isolates: in a log line, a listing or a terminal they make an id read as
+# another one. Lone surrogates cannot be stored at all.
+_DOC_ID_FORBIDDEN = re.compile(
+    "[\x00-\x1f\x7f-\x9f\u061c\u200e\u200f\u2028\u2029\u202a-\u202e\u2066-\u2069\ud800-\udfff]"
+)
 
 
 def utcnow() -> datetime:
@@ -179,3 +191,24 @@ def safe_doc_id(raw: str) -> str:
     cleaned = _DOC_ID_UNSAFE.sub("-", raw.strip().replace("\\", "/"))
     segments = [segment for segment in cleaned.split("/") if segment not in ("", ".", "..")]
     return "/".join(segments).strip("-/.")[:200] or "document"
+
+
+def check_doc_id(doc_id: str) -> str:
+    """An explicit document id as given, or INVALID_ARGUMENT: the one rule of every front.
+
+    Refused: control and bidirectional-formatting characters, a leading "/", empty, "." and ".."
+    segments (in the id's URL they would address something else), and ids too long for the
+    registry key. The message never repeats the id: it is caller content.
+    """
+    problem = None
+    if not doc_id:
+        problem = "is empty"
+    elif _DOC_ID_FORBIDDEN.search(doc_id):
+        problem = "holds a control or bidirectional-formatting character"
+    elif len(doc_id) > DOC_ID_MAX_CHARS or len(doc_id.encode()) > DOC_ID_MAX_BYTES:
+        problem = f"is longer than {DOC_ID_MAX_CHARS} characters or {DOC_ID_MAX_BYTES} UTF-8 bytes"
+    elif {"", ".", ".."} & set(doc_id.replace("\\", "/").split("/")):
+        problem = 'has an empty, "." or ".." path segment (or starts or ends with "/")'
+    if problem is not None:
+        raise RaglineError(f"doc_id {problem}", code=ErrorCode.INVALID_ARGUMENT, details={"field": "doc_id"})
+    return doc_id

@@ -1,13 +1,14 @@
 """The registry of knowledge bases and documents, kept in OpenSearch (the system of record).
 
-Document writes are optimistic: every update names the `_seq_no`/`_primary_term` it read, so
-two workers can never both advance the same document; the loser gets `Conflict` and re-reads.
+Document and knowledge-base writes are optimistic: every update names the `_seq_no`/`_primary_term`
+it read, so two writers can never both advance the same record; the loser gets `Conflict` and
+re-reads.
 """
 
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextvars import ContextVar
 from dataclasses import dataclass
 from typing import Any
@@ -29,6 +30,26 @@ class Conflict(RaglineError):
 
 class NotFound(RaglineError):
     code = ErrorCode.NOT_FOUND
+
+
+KB_WRITE_ATTEMPTS = 5
+
+
+def _check_model_change(current: KnowledgeBase, updated: KnowledgeBase) -> None:
+    """A KB's embedding model changes only when its reembed ends, and only to that reembed's model."""
+    if (updated.embedding_model, updated.embedding_dimension) == (
+        current.embedding_model,
+        current.embedding_dimension,
+    ):
+        return
+    if (
+        current.reembed is None
+        or updated.reembed is not None
+        or updated.embedding_model != current.reembed.model
+    ):
+        raise Conflict(
+            f"knowledge base '{current.kb_id}': its embedding model changes only through a reembed",
+        )
 
 
 @dataclass
@@ -114,7 +135,48 @@ class Registry:
         )
         return {kb for kb, entry in zip(kb_ids, found["docs"], strict=True) if entry.get("found")}
 
+    def update_kb(
+        self, tenant_id: str, kb_id: str, change: Callable[[KnowledgeBase], KnowledgeBase]
+    ) -> KnowledgeBase:
+        """Apply `change` to the stored KB and write the result if nobody wrote in between.
+
+        Optimistic like document writes: the write names the `_seq_no`/`_primary_term` it read.
+        On a lost race the record is read again and `change` applied to it afresh, so `change`
+        must express the caller's intent on whatever record it is given (and may raise to refuse
+        it); after `KB_WRITE_ATTEMPTS` lost races, Conflict. The embedding model only changes as
+        the end of a reembed, to the reembed's model: any other change of it is a Conflict.
+        """
+        key = kb_key(tenant_id, kb_id)
+        for _ in range(KB_WRITE_ATTEMPTS):
+            try:
+                found = self.client.get(index=self.kbs, id=key)
+            except NotFoundError:
+                raise NotFound(f"knowledge base '{kb_id}' not found") from None
+            current = KnowledgeBase.model_validate(found["_source"])
+            updated = change(current.model_copy(deep=True))
+            _check_model_change(current, updated)
+            updated.updated_at = utcnow()
+            body = updated.model_dump(mode="json")
+            try:
+                self.client.index(
+                    index=self.kbs,
+                    id=key,
+                    body=body,
+                    if_seq_no=found["_seq_no"],
+                    if_primary_term=found["_primary_term"],
+                    refresh="wait_for",
+                )
+            except ConflictError:
+                # The client resends a write whose reply it lost; the resend meets the write itself.
+                again = self.client.get(index=self.kbs, id=key)
+                if again["_source"] == body:
+                    return updated
+                continue
+            return updated
+        raise Conflict(f"knowledge base '{kb_id}' is being changed concurrently; retry")
+
     def save_kb(self, kb: KnowledgeBase) -> KnowledgeBase:
+        """Write the KB unconditionally (last writer wins): for tests and repairs; use update_kb."""
         kb.updated_at = utcnow()
         self.client.index(
             index=self.kbs,

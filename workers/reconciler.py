@@ -2,7 +2,8 @@
 
 One worker process at a time (a Redis lease elects it) scans the registry every few seconds for
 documents in a non-terminal state whose lease expired (a worker died mid-stage, or a send never
-reached the broker) and sends their current stage again. If the broker lost its data (flushed,
+reached the broker) and sends their current stage again (a bulk document's first stage through its
+fair lane, and not at all while it still waits there). If the broker lost its data (flushed,
 or restarted without persistence), which the missing epoch key reveals, every unfinished
 document is sent again at once. Duplicate sends are harmless: stage tasks are fenced.
 A worker that stopped beating (workers/liveness.py) takes its reserved tasks with it, so its
@@ -15,6 +16,7 @@ from __future__ import annotations
 import logging
 from typing import Any
 
+from shared import fairqueue
 from shared.ingest import QUEUE_LEASE, STAGE_TASK, StageRef
 from shared.models import DocStatus, Document, Stage, utcnow
 from shared.queue import enqueue, stage_queue
@@ -32,15 +34,30 @@ ORDER = [{"tenant_id": "asc"}, {"kb_id": "asc"}, {"doc_id": "asc"}]
 
 
 def _resend(ctx: WorkerContext, found: Versioned) -> bool:
+    """Send the document's stage again; a bulk document's first stage goes back through its lane.
+
+    A bulk document still waiting its turn in the lane is not sent (that would jump the fair
+    queue); only its lease is renewed. Returns whether anything was sent.
+    """
     doc = found.doc
     stage = doc.stage or Stage.PARSE
-    doc.claimed_by = None
+    through_lane = doc.queue == fairqueue.BULK_QUEUE and stage == Stage.PARSE
+    waiting = through_lane and fairqueue.is_waiting(
+        ctx.redis, doc.tenant_id, doc.kb_id, doc.doc_id, doc.content_version
+    )
+    if not waiting:
+        doc.claimed_by = None
     doc.lease_until = utcnow() + QUEUE_LEASE
     try:
         ctx.registry.replace_doc(found, doc)  # one reconciler wins per lease period
     except Conflict:
         return False
+    if waiting:
+        return False
     ref = StageRef(doc.tenant_id, doc.kb_id, doc.doc_id, doc.content_version, stage)
+    if through_lane:
+        fairqueue.push(ctx.redis, doc.tenant_id, doc.kb_id, STAGE_TASK, ref.as_kwargs(), headers=doc.trace)
+        return True
     queue = stage_queue(ctx.settings, doc.queue, stage)
     enqueue(ctx.sender, ctx.settings, STAGE_TASK, kwargs=ref.as_kwargs(), headers=doc.trace, queue=queue)
     return True

@@ -29,7 +29,7 @@ from typing import Any
 
 import numpy as np
 
-from shared.embedding import Encoder, embedded_text, encoder, for_model
+from shared.embedding import Encoder, ModelUnavailable, embedded_text, encoder, for_model, servable_models
 from shared.models import DocStatus, KnowledgeBase
 from shared.registry import doc_key
 from shared.search.chunks import delete_generations
@@ -62,19 +62,27 @@ def reembed(ctx: WorkerContext, tenant_id: str, kb_id: str, model: str) -> dict[
     target: str | None = None
     try:
         model_encoder = encoder(for_model(ctx.settings.embedding, model))
+        if model not in servable_models(ctx.settings.embedding):
+            # The API refuses such a model; a task naming one was not sent by it.
+            raise ModelUnavailable("the model is not one this server knows")
         current = resolve(ctx.client, ctx.settings, [(tenant_id, kb_id)])[(tenant_id, kb_id)]
         target = _target_index(ctx, kb, model, model_encoder.dimension)
         copied = _copy(ctx, kb, current.index, model_encoder)
         _swap(ctx, kb, current.index, target)
-        kb = ctx.registry.get_kb(tenant_id, kb_id)
-        started_at = kb.reembed.started_at if kb.reembed else kb.updated_at
-        kb.embedding_model, kb.embedding_dimension, kb.reembed = model, model_encoder.dimension, None
-        ctx.registry.save_kb(kb)
+        started_at = kb.reembed.started_at
+        dimension = model_encoder.dimension
+
+        def finish(record: KnowledgeBase) -> KnowledgeBase:
+            if record.reembed is not None and record.reembed.model == model:
+                record.embedding_model, record.embedding_dimension, record.reembed = model, dimension, None
+            return record
+
+        kb = ctx.registry.update_kb(tenant_id, kb_id, finish)
         time.sleep(SWAP_GRACE_S)
         swept = _sweep(ctx, kb, started_at)
         _retire(ctx, kb, current.index, target)
     except Exception as error:
-        _abandon(ctx, tenant_id, kb_id, target, error)
+        _abandon(ctx, tenant_id, kb_id, model, target, error)
         raise
     report = {"copied": copied, "swept": swept, "index": target, "old_index": current.index}
     log.info("reembed of %s to %s done: %s", kb_id, model, report)
@@ -234,13 +242,19 @@ def _retire(ctx: WorkerContext, kb: KnowledgeBase, old: str, new: str) -> None:
     )
 
 
-def _abandon(ctx: WorkerContext, tenant_id: str, kb_id: str, target: str | None, error: Exception) -> None:
+def _abandon(
+    ctx: WorkerContext, tenant_id: str, kb_id: str, model: str, target: str | None, error: Exception
+) -> None:
     """Undo a reembed that failed before its swap (the new index is not live); record why."""
     log.exception("reembed of %s failed", kb_id, exc_info=error)
     alias = kb_alias(ctx.settings, tenant_id, kb_id)
     if target is not None and aliased(ctx.client, [alias]).get(alias) != target:
         ctx.client.indices.delete(index=target, ignore=[404])
-    kb = ctx.registry.get_kb(tenant_id, kb_id)
-    kb.reembed = None
-    kb.reembed_error = f"{type(error).__name__}: {error}"[:500]
-    ctx.registry.save_kb(kb)
+    reason = f"{type(error).__name__}: {error}"[:500]
+
+    def give_up(record: KnowledgeBase) -> KnowledgeBase:
+        if record.reembed is not None and record.reembed.model == model:
+            record.reembed, record.reembed_error = None, reason
+        return record
+
+    ctx.registry.update_kb(tenant_id, kb_id, give_up)

@@ -241,8 +241,7 @@ def build_mcp(state: AppState, *, stdio_principal: Principal | None = None) -> R
             doc_id=doc_id,
             metadata=metadata or {},
             batch_id=batch_id,
-            queue="interactive",
-            max_bytes=settings.api.max_file_bytes,
+            priority="interactive",  # an agent's document: admission keeps it within the tenant's quota
         )
         final = None
         if wait_seconds > 0:

@@ -1,17 +1,42 @@
-"""Bulk work is shared fairly: a second tenant's small load is not stuck behind a big one."""
+"""Bulk work is shared fairly, and every path into the pipeline is admitted by the same rule.
+
+The end-to-end tests run on the real stack (Redis, the worker, OpenSearch). The tests of the turn
+order, of admission and of the reconciler's re-send use a Redis database no worker serves, so what
+they send stays where they can count it; the registry is the real one.
+"""
 
 from __future__ import annotations
 
+import base64
+import json
 import time
+from collections import Counter
+from collections.abc import Iterator
+from dataclasses import dataclass
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
 
 import pytest
+import redis
+from celery import Celery
 
-from shared.ingest import Ingestor
-from shared.models import DocStatus
+from shared import fairqueue
+from shared.blobs import BlobStore
+from shared.catalog import Catalog
+from shared.config import Settings
+from shared.errors import ErrorCode, RaglineError
+from shared.ingest import STAGE_TASK, Ingestor, StageRef, Upload
+from shared.models import DocStatus, KnowledgeBase, Stage, utcnow
+from shared.queue import broker_client
 from shared.registry import Registry
-from tests.integration.helpers import new_kb
+from tests.integration.helpers import new_kb, orphan, wait_terminal
+from workers.context import WorkerContext
+from workers.reconciler import _resend
 
 pytestmark = pytest.mark.integration
+
+QUIET_DB = 13  # a Redis database no worker serves: what is sent there stays countable
 
 
 def test_a_small_load_overtakes_a_big_one_of_another_tenant(registry: Registry, ingestor: Ingestor) -> None:
@@ -24,7 +49,7 @@ def test_a_small_load_overtakes_a_big_one_of_another_tenant(registry: Registry, 
             big.kb_id,
             f"Big load item {i} about cargo {i * 3}.\n".encode(),
             filename=name,
-            queue="bulk",
+            priority="bulk",
         )
     for i, name in enumerate(small_ids):
         ingestor.submit(
@@ -32,7 +57,7 @@ def test_a_small_load_overtakes_a_big_one_of_another_tenant(registry: Registry, 
             small.kb_id,
             f"Small load item {i} about ferns.\n".encode(),
             filename=name,
-            queue="bulk",
+            priority="bulk",
         )
     deadline = time.monotonic() + 600
     big_ready_when_small_done = None
@@ -48,3 +73,226 @@ def test_a_small_load_overtakes_a_big_one_of_another_tenant(registry: Registry, 
     print(f"the other tenant's 5 documents were ready when {big_ready_when_small_done} of 60 were")
     assert big_ready_when_small_done is not None
     assert big_ready_when_small_done < 30
+
+
+def _ready_count(registry: Registry, kb: KnowledgeBase) -> int:
+    registry.client.indices.refresh(index=registry.docs)
+    scope = [{"term": {"tenant_id": kb.tenant_id}}, {"term": {"kb_id": kb.kb_id}}]
+    query = {"bool": {"filter": [*scope, {"term": {"status": DocStatus.READY.value}}]}}
+    return int(registry.client.count(index=registry.docs, body={"query": query})["count"])
+
+
+def test_ten_documents_finish_while_another_tenant_has_a_thousand_waiting(
+    registry: Registry, ingestor: Ingestor, settings: Settings
+) -> None:
+    backlog, small = new_kb(registry, pii_policy="off"), new_kb(registry, pii_policy="off")
+    catalog = Catalog(settings, registry, ingestor)
+    try:
+        for i in range(1000):
+            ingestor.submit(
+                backlog.tenant_id,
+                backlog.kb_id,
+                f"Backlog note {i}: crate {i} waits at gate {i % 9}.\n".encode(),
+                filename=f"backlog-{i:04d}.txt",
+                priority="bulk",
+            )
+        backlog_ready_before = _ready_count(registry, backlog)
+        names = [f"small-{i}.txt" for i in range(10)]
+        for i, name in enumerate(names):
+            ingestor.submit(
+                small.tenant_id,
+                small.kb_id,
+                f"Small note {i} about lichens on stone {i}.\n".encode(),
+                filename=name,
+                priority="bulk",
+            )
+        docs = wait_terminal(registry, small, names, timeout_s=600)
+        backlog_waiting = fairqueue.pending(ingestor.broker, backlog.tenant_id)
+        backlog_ready = _ready_count(registry, backlog)
+        print(
+            f"the 10 documents were ready while {backlog_waiting} of the other tenant's 1000 still "
+            f"waited in its lane; {backlog_ready} of them were ready ({backlog_ready_before} when "
+            "the 10 arrived)"
+        )
+        assert all(doc.status == DocStatus.READY for doc in docs.values())
+        assert backlog_waiting >= 500
+    finally:
+        catalog.delete_kb(backlog.tenant_id, backlog.kb_id)  # purges its lane: later tests wait for nothing
+        catalog.delete_kb(small.tenant_id, small.kb_id)
+    assert fairqueue.pending(ingestor.broker, backlog.tenant_id) == 0
+
+
+@dataclass
+class Quiet:
+    """A Redis database, a sender to it and settings naming it."""
+
+    redis: redis.Redis
+    sender: Celery
+    settings: Settings
+
+    def sent(self, queue: str) -> list[dict[str, Any]]:
+        """The kwargs of the tasks waiting in a Celery queue, oldest first."""
+        messages = [json.loads(raw) for raw in reversed(self.redis.lrange(queue, 0, -1))]
+        return [json.loads(base64.b64decode(message["body"]))[1] for message in messages]
+
+
+@pytest.fixture
+def quiet(settings: Settings) -> Iterator[Quiet]:
+    url = settings.redis.url.rsplit("/", 1)[0] + f"/{QUIET_DB}"
+    quiet_settings = settings.model_copy(update={"redis": settings.redis.model_copy(update={"url": url})})
+    client = redis.Redis.from_url(url)
+    client.flushdb()
+    yield Quiet(client, broker_client(quiet_settings), quiet_settings)
+    client.flushdb()
+    client.close()
+
+
+@pytest.fixture
+def quiet_kbs(quiet: Quiet, registry: Registry, settings: Settings) -> Iterator[list[KnowledgeBase]]:
+    """Knowledge bases a test makes; deleted afterwards with their records, so no reconciler ever
+    sends their never-started documents."""
+    made: list[KnowledgeBase] = []
+    yield made
+    ingestor = Ingestor(
+        quiet.settings, registry, BlobStore(settings.state_dir / "blobstore"), quiet.sender, quiet.redis
+    )
+    for kb in made:
+        Catalog(quiet.settings, registry, ingestor).delete_kb(kb.tenant_id, kb.kb_id)
+
+
+def _push(quiet: Quiet, tenant: str, kb: str, doc_id: str) -> None:
+    ref = StageRef(tenant, kb, doc_id, 1, Stage.PARSE)
+    fairqueue.push(quiet.redis, tenant, kb, STAGE_TASK, ref.as_kwargs())
+
+
+def test_a_tenant_with_many_kbs_gets_the_share_of_a_tenant_with_one(quiet: Quiet) -> None:
+    for kb in range(5):
+        for i in range(20):
+            _push(quiet, "many", f"kb{kb}", f"d{i}")
+    for i in range(100):
+        _push(quiet, "one", "kb", f"d{i}")
+    moved = fairqueue.feed(quiet.redis, quiet.sender, quiet.settings, depth=40)
+    sent = quiet.sent(fairqueue.BULK_QUEUE)
+    tenants = Counter(task["tenant_id"] for task in sent)
+    kbs = Counter(task["kb_id"] for task in sent if task["tenant_id"] == "many")
+    print(f"first {moved} admitted: {dict(tenants)}; the five-KB tenant's by KB: {dict(kbs)}")
+    assert moved == len(sent) == 40
+    assert tenants == {"many": 20, "one": 20}
+    assert sorted(kbs.values()) == [4, 4, 4, 4, 4]  # its KBs share its turn in turn
+    assert fairqueue.pending(quiet.redis, "many") == 80
+    assert fairqueue.pending(quiet.redis, "one") == 80
+
+
+def _ingestor(quiet: Quiet, registry: Registry, tmp_path: Path, **api: Any) -> Ingestor:
+    settings = quiet.settings.model_copy(update={"api": quiet.settings.api.model_copy(update=api)})
+    return Ingestor(settings, registry, BlobStore(tmp_path / "blobstore"), quiet.sender, quiet.redis)
+
+
+def _refused(call: Any) -> RaglineError:
+    with pytest.raises(RaglineError) as refused:
+        call()
+    return refused.value
+
+
+def test_interactive_is_a_small_per_tenant_quota_and_every_path_meets_the_bound(
+    quiet: Quiet, registry: Registry, tmp_path: Path, quiet_kbs: list[KnowledgeBase]
+) -> None:
+    """Quota 2, bound 3: the third interactive document waits in the lane; the bound then holds for
+    every path, an interactive request and a re-ingest included; a finished document frees its slot."""
+    ingestor = _ingestor(
+        quiet, registry, tmp_path, interactive_max_in_flight=2, max_queued_tasks=3, interactive_max_bytes=1000
+    )
+    kb = new_kb(registry, pii_policy="off")
+    quiet_kbs.append(kb)
+    small = [f"agent-{i}.txt" for i in range(3)]
+    for i, name in enumerate(small):
+        ingestor.submit(
+            kb.tenant_id, kb.kb_id, f"Agent note {i}.".encode(), filename=name, priority="interactive"
+        )
+    queues = [registry.require_doc(kb.tenant_id, kb.kb_id, name).doc.queue for name in small]
+    assert queues == ["interactive", "interactive", "bulk"]
+    assert len(quiet.sent("interactive")) == 2
+    assert fairqueue.pending(quiet.redis, kb.tenant_id) == 1
+
+    # A large document is never interactive, asked or not.
+    large = b"A large report. " * 100
+    ingestor.submit(kb.tenant_id, kb.kb_id, large, filename="large-0.txt", priority="interactive")
+    ingestor.submit(kb.tenant_id, kb.kb_id, large + b"1", filename="large-1.txt")
+    assert registry.require_doc(kb.tenant_id, kb.kb_id, "large-0.txt").doc.queue == "bulk"
+    assert fairqueue.pending(quiet.redis, kb.tenant_id) == 3
+
+    # At the bound: bulk, a third interactive document (over the quota) and a re-ingest get 429.
+    for call in (
+        lambda: ingestor.submit(kb.tenant_id, kb.kb_id, large + b"2", filename="large-2.txt"),
+        lambda: ingestor.submit(
+            kb.tenant_id, kb.kb_id, b"One more.", filename="x.txt", priority="interactive"
+        ),
+        lambda: ingestor.reingest(kb.tenant_id, kb.kb_id, "agent-0.txt"),
+    ):
+        assert _refused(call).code == ErrorCode.RATE_LIMITED
+    assert registry.get_doc(kb.tenant_id, kb.kb_id, "x.txt") is None
+    assert fairqueue.pending(quiet.redis, kb.tenant_id) == 3
+
+    # Once an interactive document is finished, its slot takes the next one.
+    done = registry.require_doc(kb.tenant_id, kb.kb_id, "agent-0.txt")
+    registry.replace_doc(done, done.doc.model_copy(update={"status": DocStatus.READY}))
+    ingestor.submit(
+        kb.tenant_id, kb.kb_id, b"Next agent note.", filename="agent-3.txt", priority="interactive"
+    )
+    assert registry.require_doc(kb.tenant_id, kb.kb_id, "agent-3.txt").doc.queue == "interactive"
+    assert ingestor.admitter.interactive_in_flight(kb.tenant_id) == 2
+
+
+def test_bulk_priority_opts_out_and_a_request_is_admitted_whole(
+    quiet: Quiet, registry: Registry, tmp_path: Path, quiet_kbs: list[KnowledgeBase]
+) -> None:
+    ingestor = _ingestor(quiet, registry, tmp_path, max_queued_tasks=4)
+    kb = new_kb(registry, pii_policy="off")
+    quiet_kbs.append(kb)
+    ingestor.submit(kb.tenant_id, kb.kb_id, b"Small but bulk.", filename="bulk.txt", priority="bulk")
+    assert registry.require_doc(kb.tenant_id, kb.kb_id, "bulk.txt").doc.queue == "bulk"
+    uploads = [Upload(f"File {i}.".encode(), filename=f"f{i}.txt") for i in range(4)]
+    refused = _refused(lambda: ingestor.submit_many(kb.tenant_id, kb.kb_id, uploads))
+    assert refused.code == ErrorCode.RATE_LIMITED
+    assert all(registry.get_doc(kb.tenant_id, kb.kb_id, f"f{i}.txt") is None for i in range(4))
+    ingestor.submit_many(kb.tenant_id, kb.kb_id, uploads[:3])
+    assert fairqueue.pending(quiet.redis, kb.tenant_id) == 4
+    bad = _refused(lambda: ingestor.submit(kb.tenant_id, kb.kb_id, b"x", filename="y.txt", priority="urgent"))
+    assert bad.code == ErrorCode.INVALID_ARGUMENT
+
+
+def test_the_reconciler_sends_a_lost_bulk_document_through_its_lane_once(
+    quiet: Quiet, registry: Registry, settings: Settings, quiet_kbs: list[KnowledgeBase]
+) -> None:
+    kb = new_kb(registry, pii_policy="off")
+    quiet_kbs.append(kb)
+    # A queued bulk document whose lane entry is gone (its lease is in the future, so the stack's
+    # own reconciler leaves it to this test).
+    orphan(
+        registry,
+        settings,
+        kb,
+        "lost.txt",
+        b"A lost note.",
+        queue="bulk",
+        lease_until=utcnow() + timedelta(hours=1),
+    )
+    ctx = WorkerContext(
+        settings=quiet.settings,
+        client=registry.client,
+        registry=registry,
+        blobs=BlobStore(settings.state_dir / "blobstore"),
+        sender=quiet.sender,
+        redis=quiet.redis,
+    )
+    assert _resend(ctx, registry.require_doc(kb.tenant_id, kb.kb_id, "lost.txt")) is True
+    assert quiet.sent(fairqueue.BULK_QUEUE) == []  # not past the lanes
+    assert fairqueue.pending(quiet.redis, kb.tenant_id) == 1
+    assert fairqueue.is_waiting(quiet.redis, kb.tenant_id, kb.kb_id, "lost.txt", 1)
+    # Still waiting its turn: the next round only renews its lease.
+    assert _resend(ctx, registry.require_doc(kb.tenant_id, kb.kb_id, "lost.txt")) is False
+    assert fairqueue.pending(quiet.redis, kb.tenant_id) == 1
+    # The feeder sends it, and a lane entry lost after that would be re-sent again.
+    assert fairqueue.feed(quiet.redis, quiet.sender, quiet.settings, depth=8) == 1
+    assert [task["doc_id"] for task in quiet.sent(fairqueue.BULK_QUEUE)] == ["lost.txt"]
+    assert not fairqueue.is_waiting(quiet.redis, kb.tenant_id, kb.kb_id, "lost.txt", 1)

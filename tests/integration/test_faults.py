@@ -45,7 +45,7 @@ def _text(i: int) -> bytes:
 def _load(ingestor: Ingestor, kb: KnowledgeBase, prefix: str) -> list[str]:
     names = [f"{prefix}-{i:04d}.txt" for i in range(DOCS)]
     for i, name in enumerate(names):
-        ingestor.submit(kb.tenant_id, kb.kb_id, _text(i), filename=name, queue="bulk")
+        ingestor.submit(kb.tenant_id, kb.kb_id, _text(i), filename=name, priority="bulk")
     return names
 
 

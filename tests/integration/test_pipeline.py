@@ -263,18 +263,25 @@ def test_scanned_pdf_pages_are_ocred(
     assert {c["page_num"] for c in chunks_of(opensearch, settings, kb, "scan.pdf")} == {1}
 
 
-def test_many_small_documents_share_embedding_batches(registry: Registry, ingestor: Ingestor) -> None:
+def test_many_small_documents_share_embedding_batches(
+    registry: Registry, ingestor: Ingestor, settings: Settings
+) -> None:
     kb = new_kb(registry, pii_policy="off")
     names = [f"memo-{i}.txt" for i in range(16)]
+    # Straight to a queue, all at once: this tests the embed stage's batching itself. Bulk
+    # admission through the fair lanes keeps fewer documents in flight (see README), and so does
+    # the default interactive quota: this ingestor's quota holds them all.
+    api = settings.api.model_copy(update={"interactive_max_in_flight": len(names)})
+    roomy = Ingestor(
+        settings.model_copy(update={"api": api}), registry, ingestor.blobs, ingestor.sender, ingestor.broker
+    )
     for i, name in enumerate(names):
-        ingestor.submit(
+        roomy.submit(
             kb.tenant_id,
             kb.kb_id,
             f"Memo {i}: the shipment {i * 13} left the dock.\n".encode(),
             filename=name,
-            # Straight to a queue, all at once: this tests the embed stage's batching itself.
-            # Bulk admission through the fair lanes keeps fewer documents in flight (see README).
-            queue="interactive",
+            priority="interactive",
         )
     docs = wait_terminal(registry, kb, names)
     assert all(doc.status == DocStatus.READY for doc in docs.values())

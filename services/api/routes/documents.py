@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import uuid
 from collections.abc import Iterator
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 from fastapi import APIRouter, Query, Request
 from pydantic import BaseModel, Field, ValidationError
@@ -13,9 +13,9 @@ from starlette.concurrency import run_in_threadpool
 from starlette.datastructures import UploadFile
 
 from services.api.deps import Reader, State, Writer
-from shared import fairqueue
 from shared.catalog import DocumentPage, document_view
 from shared.errors import ErrorCode, RaglineError
+from shared.ingest import Upload
 from shared.models import DocStatus
 
 router = APIRouter(prefix="/v1/kbs/{kb_id}/documents", tags=["documents"])
@@ -34,6 +34,9 @@ class InlineDocument(BaseModel):
     mime_type: str | None = Field(None, max_length=200)
     metadata: dict[str, Any] = Field(default_factory=dict)
     batch_id: str | None = Field(None, min_length=1, max_length=100)
+    priority: Literal["interactive", "bulk"] | None = Field(
+        None, description="Ask for the interactive queue, or opt out of it; admission decides."
+    )
 
 
 # The route reads the body itself (JSON or a streamed multipart form), so FastAPI cannot infer it:
@@ -97,19 +100,6 @@ def _clean_name(name: str) -> str:
     return cleaned[:255] or "upload"
 
 
-def _admit_bulk(state: State, tenant: str) -> None:
-    """Backpressure per tenant: refuse its bulk work while too much of it waits (nothing is dropped)."""
-    waiting = fairqueue.pending(state.redis, tenant)
-    bound = state.settings.api.max_queued_tasks
-    if waiting >= bound:
-        retry = state.settings.api.retry_after_s
-        raise RaglineError(
-            f"{waiting} of your documents are waiting (bound {bound}); retry in {retry} s",
-            code=ErrorCode.RATE_LIMITED,
-            details={"retry_after": retry, "queued": waiting},
-        )
-
-
 def _field(form: Any, name: str) -> str | None:
     value = form.get(name)
     return value if isinstance(value, str) and value != "" else None
@@ -117,8 +107,11 @@ def _field(form: Any, name: str) -> str | None:
 
 @router.post("", status_code=202, response_model=UploadResponse, openapi_extra={"requestBody": _UPLOAD_BODY})
 async def upload(kb_id: str, request: Request, state: State, who: Writer) -> UploadResponse:
-    """Accept one or more files (multipart field `files`) or inline `content` (JSON)."""
-    settings = state.settings.api
+    """Accept one or more files (multipart field `files`) or inline `content` (JSON).
+
+    The route only reads what the caller sent and asked for: sizes, ids, queues and bounds are the
+    ingestor's (shared/ingest.py, shared/admission.py), the same for every front.
+    """
     await run_in_threadpool(state.registry.get_kb, who.tenant, kb_id)
     content_type = request.headers.get("content-type", "")
     if content_type.startswith("application/json"):
@@ -129,26 +122,18 @@ async def upload(kb_id: str, request: Request, state: State, who: Writer) -> Upl
             raise RaglineError(
                 "the request is not valid", code=ErrorCode.INVALID_ARGUMENT, details={"errors": problems}
             ) from None
-        data = body.content.encode()
-        if len(data) > settings.max_file_bytes:
-            raise RaglineError(
-                f"the content exceeds {settings.max_file_bytes} bytes",
-                code=ErrorCode.TOO_LARGE,
-                details={"limit": settings.max_file_bytes},
-            )
         batch_id = body.batch_id or uuid.uuid4().hex
-        queue = "interactive" if len(data) <= settings.interactive_max_bytes else "bulk"
         result = await run_in_threadpool(
             state.ingestor.submit,
             who.tenant,
             kb_id,
-            data,
+            body.content.encode(),
             filename=body.filename or "content.txt",
             mime_type=body.mime_type,
             doc_id=body.doc_id,
             metadata=body.metadata,
             batch_id=batch_id,
-            queue=queue,
+            priority=body.priority,
         )
         return UploadResponse(
             batch_id=batch_id,
@@ -178,47 +163,31 @@ async def upload(kb_id: str, request: Request, state: State, who: Writer) -> Upl
         if doc_id is not None and len(files) > 1:
             raise RaglineError("doc_id can only be given with a single file", code=ErrorCode.INVALID_ARGUMENT)
         metadata = _metadata(_field(form, "metadata"))
-        priority = _field(form, "priority")
-        if priority not in (None, "interactive", "bulk"):
-            raise RaglineError("priority must be 'interactive' or 'bulk'", code=ErrorCode.INVALID_ARGUMENT)
-        # Check every size before storing anything: a rejected request leaves nothing behind.
-        for upload_file in files:
-            if (upload_file.size or 0) > settings.max_file_bytes:
-                raise RaglineError(
-                    f"'{upload_file.filename}' exceeds the limit of {settings.max_file_bytes} bytes",
-                    code=ErrorCode.TOO_LARGE,
-                    details={"limit": settings.max_file_bytes},
-                )
         batch_id = _field(form, "batch_id") or uuid.uuid4().hex
-        single_small = len(files) == 1 and (files[0].size or 0) <= settings.interactive_max_bytes
-        queue = priority or ("interactive" if single_small else "bulk")
-        if queue == "bulk":
-            await run_in_threadpool(_admit_bulk, state, who.tenant)
-        accepted = []
-        for upload_file in files:
-            name = _clean_name(upload_file.filename or "upload")
-            result = await run_in_threadpool(
-                state.ingestor.submit,
-                who.tenant,
-                kb_id,
-                _chunks(upload_file),
+        names = [_clean_name(f.filename or "upload") for f in files]
+        uploads = [
+            Upload(_chunks(f), filename=name, mime_type=f.content_type, doc_id=doc_id, size=f.size)
+            for f, name in zip(files, names, strict=True)
+        ]
+        results = await run_in_threadpool(
+            state.ingestor.submit_many,
+            who.tenant,
+            kb_id,
+            uploads,
+            metadata=metadata,
+            batch_id=batch_id,
+            priority=_field(form, "priority"),
+        )
+        accepted = [
+            Accepted(
+                doc_id=result.doc_id,
+                outcome=result.outcome,
+                status=result.status,
+                content_version=result.content_version,
                 filename=name,
-                mime_type=upload_file.content_type,
-                doc_id=doc_id,
-                metadata=metadata,
-                batch_id=batch_id,
-                queue=queue,
-                max_bytes=settings.max_file_bytes,
             )
-            accepted.append(
-                Accepted(
-                    doc_id=result.doc_id,
-                    outcome=result.outcome,
-                    status=result.status,
-                    content_version=result.content_version,
-                    filename=name,
-                )
-            )
+            for result, name in zip(results, names, strict=True)
+        ]
         return UploadResponse(batch_id=batch_id, documents=accepted)
     finally:
         await form.close()
