@@ -33,6 +33,7 @@ from shared.embedding import Encoder, ModelUnavailable, embedded_text, encoder, 
 from shared.models import DocStatus, KnowledgeBase
 from shared.registry import doc_key
 from shared.search.chunks import delete_generations
+from shared.search.metadata import stored_metadata, with_metadata_fields
 from shared.search.placement import (
     aliased,
     kb_alias,
@@ -126,7 +127,9 @@ def _copy(ctx: WorkerContext, kb: KnowledgeBase, source_index: str, model_encode
             docs: list[tuple[str, dict[str, Any]]] = []
             for hit, vector in zip(hits, vectors, strict=True):
                 if active.get(hit["_source"]["doc_id"]) == hit["_source"]["generation"]:
-                    docs += held.take(hit["_id"], {**hit["_source"], "embedding": vector.tolist()})
+                    # Chunks of an earlier version's index get the typed metadata fields here.
+                    source = with_metadata_fields(hit["_source"], stored_metadata(hit["_source"]))
+                    docs += held.take(hit["_id"], {**source, "embedding": vector.tolist()})
             bulk_index(ctx.client, following, docs, require_alias=True)
             copied += len(docs)
             page = ctx.client.scroll(scroll_id=scroll_id, scroll="5m")

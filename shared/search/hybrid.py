@@ -37,12 +37,22 @@ from shared.errors import ErrorCode, RaglineError
 from shared.models import DocStatus
 from shared.registry import doc_key
 from shared.search.fusion import Fusion, fuse
+from shared.search.metadata import (
+    LEGACY_SOURCE,
+    SOURCE,
+    in_range,
+    one_of,
+    range_bound,
+    stored_metadata,
+    valid_key,
+)
 from shared.search.placement import RecentPlacements
 from shared.search.schema import chunks_alias, docs_index
 
 KEYWORD, SEMANTIC = "keyword", "semantic"
 DOCUMENT_KEYWORD, DOCUMENT_SEMANTIC = "document_keyword", "document_semantic"
 DOCUMENT_ARMS = frozenset({DOCUMENT_KEYWORD, DOCUMENT_SEMANTIC})
+SIMILARITY_ARMS = frozenset({SEMANTIC, DOCUMENT_SEMANTIC})
 ARMS = (KEYWORD, SEMANTIC, DOCUMENT_KEYWORD, DOCUMENT_SEMANTIC)
 _SOURCE_FIELDS = [
     "tenant_id",
@@ -58,7 +68,8 @@ _SOURCE_FIELDS = [
     "source_uri",
     "filename",
     "mime_type",
-    "metadata",
+    SOURCE,
+    LEGACY_SOURCE,
 ]
 _KEY_FIELDS = ["kb_id", "doc_id", "generation"]
 _HIGHLIGHT = {"fields": {"text": {"fragment_size": 160, "number_of_fragments": 2}}}
@@ -72,19 +83,40 @@ class Mode(StrEnum):
 
 
 class Range(BaseModel):
-    """A numeric or date range; at least one bound."""
+    """A numeric or date range: at most one lower and one upper bound, all numbers or all dates.
+
+    A bound is a number or an ISO 8601 date or date-time (without an offset: UTC); a date without
+    a time covers its whole day. Checked here, so a bad range is `INVALID_ARGUMENT`, never a
+    failed search.
+    """
 
     model_config = {"extra": "forbid"}
-    gt: float | date | datetime | None = None
-    gte: float | date | datetime | None = None
-    lt: float | date | datetime | None = None
-    lte: float | date | datetime | None = None
+    gt: float | datetime | date | None = None
+    gte: float | datetime | date | None = None
+    lt: float | datetime | date | None = None
+    lte: float | datetime | date | None = None
+
+    @model_validator(mode="before")
+    @classmethod
+    def _typed_bounds(cls, value: Any) -> Any:
+        if not isinstance(value, dict):
+            return value
+        return {k: range_bound(v) if k in ("gt", "gte", "lt", "lte") else v for k, v in value.items()}
 
     @model_validator(mode="after")
     def _some_bound(self) -> Range:
-        if all(v is None for v in (self.gt, self.gte, self.lt, self.lte)):
+        bounds = self.bounds()
+        if not bounds:
             raise ValueError("a range needs at least one of gt, gte, lt, lte")
+        if {"gt", "gte"} <= set(bounds) or {"lt", "lte"} <= set(bounds):
+            raise ValueError("a range takes one lower bound (gt or gte) and one upper (lt or lte)")
+        if len({isinstance(b, date) for b in bounds.values()}) > 1:
+            raise ValueError("a range's bounds are all numbers or all dates")
         return self
+
+    def bounds(self) -> dict[str, float | date | datetime]:
+        given = {"gt": self.gt, "gte": self.gte, "lt": self.lt, "lte": self.lte}
+        return {k: v for k, v in given.items() if v is not None}
 
 
 class Condition(BaseModel):
@@ -118,7 +150,7 @@ class Filters(BaseModel):
     @classmethod
     def _keys(cls, value: dict[str, Any]) -> dict[str, Any]:
         for key in value:
-            if not key or len(key) > 200 or any(c in key for c in '*?"\\ '):
+            if not valid_key(key) or any(c in key for c in '*?"\\ '):
                 raise ValueError(f"invalid metadata key {key!r}")
         return value
 
@@ -161,13 +193,22 @@ class SearchRequest(BaseModel):
 
 
 class ArmResult(BaseModel):
+    """Where a hit ranked in one arm. Only the k-NN arms give a score: a cosine similarity depends
+    on the query and the hit alone, while a BM25 score moves with the term statistics of the whole
+    shared index, other tenants' documents included."""
+
     rank: int | None = None
-    score: float | None = None
+    score: float | None = Field(None, description="k-NN arms: (1 + cosine) / 2. BM25 arms: none.")
 
 
 class Hit(BaseModel):
     text: str
-    score: float
+    score: float = Field(
+        description=(
+            "Rank-based: with rrf fusion the fused score; with min_max or z_score, 1 / the hit's "
+            "place in the fused order (ties share a place)."
+        )
+    )
     kb_id: str
     doc_id: str
     chunk_idx: int
@@ -200,18 +241,15 @@ def filter_clauses(tenant_id: str, kb_ids: list[str], filters: Filters | None) -
     if filters is None:
         return clauses
     for key, spec in filters.metadata.items():
-        field = f"metadata.{key}"
         if isinstance(spec, Condition):
             if spec.eq is not None:
-                clauses.append({"term": {field: spec.eq}})
+                clauses.append(one_of(key, [spec.eq]))
             elif spec.in_ is not None:
-                clauses.append({"terms": {field: spec.in_}})
+                clauses.append(one_of(key, spec.in_))
             elif spec.range is not None:
-                clauses.append({"range": {field: spec.range.model_dump(mode="json", exclude_none=True)}})
-        elif isinstance(spec, list):
-            clauses.append({"terms": {field: spec}})
+                clauses.append(in_range(key, spec.range.bounds()))
         else:
-            clauses.append({"term": {field: spec}})
+            clauses.append(one_of(key, spec if isinstance(spec, list) else [spec]))
     if filters.mime_types:
         clauses.append({"terms": {"mime_type": filters.mime_types}})
     if filters.source_prefix:
@@ -347,7 +385,7 @@ class Searcher:
             }
             for arm, r in arms.items()
         }
-        chosen = self._answer(tenant_id, request, fused, keys)
+        chosen = reported_scores(self._answer(tenant_id, request, fused, keys), request.fusion)
         indexes = sorted({keys[h].index for h, _ in chosen})
         fetched = self._fetch(request, tenant_id, indexes, [h for h, _ in chosen])
         # A hit whose document was deleted or replaced between the phases is gone: it is left out.
@@ -433,6 +471,23 @@ class Searcher:
         return visible
 
 
+def reported_scores(chosen: list[tuple[str, float]], method: Fusion) -> list[tuple[str, float]]:
+    """The answer's hits with the score callers see, which depends on ranks only.
+
+    Min-max and z-score fusion scale raw BM25 scores, whose term statistics are the shared index's:
+    reported as such, another tenant's documents would move them. RRF is already rank-based.
+    """
+    if method == Fusion.RRF:
+        return chosen
+    reported: list[tuple[str, float]] = []
+    place, previous = 0, None
+    for hit_id, score in chosen:
+        if score != previous:
+            place, previous = place + 1, score
+        reported.append((hit_id, 1 / place))
+    return reported
+
+
 @dataclass(frozen=True)
 class _Keys:
     """What the first phase returns of a hit: where it is and whose version it is."""
@@ -471,7 +526,9 @@ def _hit(
     arms: dict[str, ArmResult] = {}
     for arm, ranked in positions.items():
         key = document if arm in DOCUMENT_ARMS else hit_id
-        arms[arm] = ArmResult(rank=ranked[key][0], score=ranked[key][1]) if key in ranked else ArmResult()
+        if key in ranked:
+            rank, arm_score = ranked[key]
+            arms[arm] = ArmResult(rank=rank, score=arm_score if arm in SIMILARITY_ARMS else None)
     return Hit(
         text=source["text"],
         score=round(score, 6),
@@ -484,7 +541,7 @@ def _hit(
         page_num=source.get("page_num"),
         page_label=source.get("page_label"),
         mime_type=source.get("mime_type"),
-        metadata=source.get("metadata") or {},
+        metadata=stored_metadata(source),
         highlights=highlight.get("text", []),
         keyword=arms.get(KEYWORD, ArmResult()),
         semantic=arms.get(SEMANTIC, ArmResult()),

@@ -9,6 +9,16 @@ from opensearchpy import OpenSearch
 from opensearchpy.exceptions import RequestError
 
 from shared.config import Settings
+from shared.search import metadata
+
+# Lucene refuses a term over 32,766 bytes, and with it the whole document: a keyword field that
+# can carry caller or content data leaves longer values out of its index (they stay in `_source`).
+# `ignore_above` counts characters, and a character takes at most 4 bytes.
+KEYWORD_CHARS = 8191
+
+
+def _keyword() -> dict[str, Any]:
+    return {"type": "keyword", "ignore_above": KEYWORD_CHARS}
 
 
 def kbs_index(settings: Settings) -> str:
@@ -42,9 +52,9 @@ KBS_MAPPING: dict[str, Any] = {
     "properties": {
         "tenant_id": {"type": "keyword"},
         "kb_id": {"type": "keyword"},
-        "name": {"type": "text", "fields": {"raw": {"type": "keyword"}}},
+        "name": {"type": "text", "fields": {"raw": _keyword()}},
         "description": {"type": "text"},
-        "tags": {"type": "keyword"},
+        "tags": _keyword(),
         "settings": {"type": "object", "enabled": False},
         "embedding_model": {"type": "keyword"},
         "embedding_dimension": {"type": "integer"},
@@ -77,9 +87,9 @@ DOCS_MAPPING: dict[str, Any] = {
         "content_version": {"type": "integer"},
         "active_generation": {"type": "integer"},
         "file_size": {"type": "long"},
-        "mime_type": {"type": "keyword"},
-        "filename": {"type": "keyword"},
-        "source_uri": {"type": "keyword"},
+        "mime_type": _keyword(),
+        "filename": _keyword(),
+        "source_uri": _keyword(),
         "title": {"type": "text"},
         # Caller metadata is kept verbatim; chunks carry a searchable copy.
         "metadata": {"type": "object", "enabled": False},
@@ -123,6 +133,20 @@ def document_mapping(settings: Settings, dimension: int) -> dict[str, Any]:
     }
 
 
+def _chunk_keywords() -> dict[str, Any]:
+    """The chunk index's keyword fields that hold caller or content data."""
+    return {
+        "chunk_id": _keyword(),
+        "headings": {"type": "text", "analyzer": "english", "fields": {"raw": _keyword()}},
+        "keywords": _keyword(),
+        "language": _keyword(),
+        "page_label": _keyword(),
+        "source_uri": _keyword(),
+        "filename": _keyword(),
+        "mime_type": _keyword(),
+    }
+
+
 def chunks_mapping(settings: Settings, model: str, dimension: int) -> dict[str, Any]:
     return {
         "dynamic": "strict",
@@ -134,44 +158,23 @@ def chunks_mapping(settings: Settings, model: str, dimension: int) -> dict[str, 
             "doc_id": {"type": "keyword"},
             "generation": {"type": "integer"},
             "chunk_idx": {"type": "integer"},
-            "chunk_id": {"type": "keyword"},
             "text": {"type": "text", "analyzer": "english"},
             "title": {"type": "text", "analyzer": "english"},
-            "headings": {"type": "text", "analyzer": "english", "fields": {"raw": {"type": "keyword"}}},
             "context": {"type": "text", "index": False},
-            "keywords": {"type": "keyword"},
-            "language": {"type": "keyword"},
             "page_num": {"type": "integer"},
-            "page_label": {"type": "keyword"},
             "char_start": {"type": "integer"},
             "char_end": {"type": "integer"},
             "token_count": {"type": "integer"},
-            "source_uri": {"type": "keyword"},
-            "filename": {"type": "keyword"},
-            "mime_type": {"type": "keyword"},
-            "metadata": {"type": "object", "dynamic": True},
+            **_chunk_keywords(),
+            # Caller metadata: verbatim in `_source`, typed terms in three fields that every
+            # tenant's keys share (shared/search/metadata.py). `metadata` is where chunks copied
+            # from an index of an earlier version keep theirs.
+            "metadata": {"type": "object", "enabled": False},
+            **metadata.mapping(),
             "created_at": {"type": "date"},
             "embedding": _vector_field(settings, dimension),
             **document_mapping(settings, dimension),
         },
-        # Typed caller metadata: strings as keywords, numbers as doubles, ISO dates as dates
-        # (date detection runs first), so filters can use equality, membership and ranges.
-        "dynamic_templates": [
-            {
-                "metadata_strings": {
-                    "path_match": "metadata.*",
-                    "match_mapping_type": "string",
-                    "mapping": {"type": "keyword", "ignore_above": 1024},
-                }
-            },
-            {
-                "metadata_integers": {
-                    "path_match": "metadata.*",
-                    "match_mapping_type": "long",
-                    "mapping": {"type": "double"},
-                }
-            },
-        ],
     }
 
 
@@ -190,20 +193,50 @@ def ensure_indexes(client: OpenSearch, settings: Settings) -> None:
         # Indexes made before `_meta` existed learn their model (mapping `_meta` can always change).
         meta = {"embedding_model": model, "embedding_dimension": dimension}
         client.indices.put_mapping(index=physical, body={"_meta": meta})
-    add_document_fields(client, settings)
+    upgrade_chunk_indexes(client, settings)
 
 
-def add_document_fields(client: OpenSearch, settings: Settings) -> None:
-    """Give chunk indexes made before the document arms their fields (adding fields is allowed).
+def upgrade_chunk_indexes(client: OpenSearch, settings: Settings) -> None:
+    """Give chunk indexes made by earlier versions the fields of this one (adding fields, and
+    changing `ignore_above` or an object's `dynamic`, are allowed on a live index).
 
     Each index keeps its own dimension: a reembed's per-KB index may hold another model's vectors.
+    An index made before the typed metadata fields keeps its dynamic `metadata` object, which
+    chunks no longer write to; it stops adding fields (`dynamic: false`). Its old chunks are
+    filterable by metadata again once re-ingested or reembedded (docs/operations.md).
     """
     mappings = client.indices.get_mapping(index=f"{chunks_alias(settings)}-*", ignore_unavailable=True)
     for index, mapping in mappings.items():
         properties = mapping["mappings"].get("properties", {})
-        if "document_embedding" in properties or "embedding" not in properties:
+        if "embedding" not in properties:
             continue
-        fields = document_mapping(settings, int(properties["embedding"]["dimension"]))
+        fields: dict[str, Any] = {}
+        if "document_embedding" not in properties:
+            fields |= document_mapping(settings, int(properties["embedding"]["dimension"]))
+        if metadata.SOURCE not in properties:
+            fields |= {**_chunk_keywords(), **metadata.mapping()}
+            if "metadata" in properties and properties["metadata"].get("enabled", True):
+                fields["metadata"] = {"type": "object", "dynamic": False}
+        if fields:
+            _put_fields(client, index, fields)
+
+
+def _put_fields(client: OpenSearch, index: str, fields: dict[str, Any]) -> None:
+    """Add fields to an index; one whose dynamic metadata used up the field limit gets room for them."""
+    try:
+        client.indices.put_mapping(index=index, body={"properties": fields})
+    except RequestError as error:
+        if "Limit of total fields" not in str(error.info):
+            raise
+        key = "index.mapping.total_fields.limit"
+        found = client.indices.get_settings(index=index, name=key, include_defaults=True)[index]
+        limit = next(
+            int(scope["index"]["mapping"]["total_fields"]["limit"])
+            for scope in (found.get("settings", {}), found.get("defaults", {}))
+            if "limit" in scope.get("index", {}).get("mapping", {}).get("total_fields", {})
+        )
+        # Each field may bring sub-fields (`headings.raw`): room for twice as many.
+        client.indices.put_settings(index=index, body={key: limit + 2 * len(fields)})
         client.indices.put_mapping(index=index, body={"properties": fields})
 
 

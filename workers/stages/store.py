@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import hashlib
 import logging
+import re
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -34,6 +35,7 @@ from shared.embedding import embedded_text, encoder, for_model
 from shared.errors import ErrorCode, PermanentError, RaglineError, TransientError
 from shared.models import Document, utcnow
 from shared.search.chunks import delete_generations
+from shared.search.metadata import with_metadata_fields
 from shared.search.placement import Placement, write_aliases, write_targets
 from workers import metrics
 from workers.context import WorkerContext
@@ -57,7 +59,7 @@ def chunk_doc_id(doc: Document, generation: int, chunk_idx: int) -> str:
 def chunk_source(
     doc: Document, generation: int, chunk: dict[str, Any], title: str, language: str
 ) -> dict[str, Any]:
-    return {
+    source = {
         "tenant_id": doc.tenant_id,
         "kb_id": doc.kb_id,
         "doc_id": doc.doc_id,
@@ -78,10 +80,10 @@ def chunk_source(
         "source_uri": doc.source_uri,
         "filename": doc.filename,
         "mime_type": doc.mime_type,
-        "metadata": doc.metadata,
         "created_at": utcnow().isoformat(),
         "embedding": decode_b64(chunk["embedding_b64"]),
     }
+    return with_metadata_fields(source, doc.metadata)
 
 
 def mean_direction(vectors: Sequence[Sequence[float]]) -> list[float] | None:
@@ -141,9 +143,9 @@ def bulk_index(
                 if result.get("status") in _RETRYABLE_STATUS:
                     failed.append((doc_id, source))
                     continue
-                reason = result.get("error", {}).get("reason", "unknown")
                 raise PermanentError(
-                    f"a chunk was rejected by the index: {reason[:300]}", code=ErrorCode.INVALID_ARGUMENT
+                    f"a chunk was rejected by the index ({rejection(result.get('error'))})",
+                    code=ErrorCode.INVALID_ARGUMENT,
                 )
         if not failed:
             return
@@ -151,6 +153,18 @@ def bulk_index(
         pending = failed
         time.sleep(min(8.0, 0.5 * 2**attempt))
     raise TransientError(f"{len(pending)} chunks could not be indexed after {ITEM_RETRIES} retries")
+
+
+def rejection(error: Any) -> str:
+    """The kind of an item's rejection, from OpenSearch's exception types only: its `reason` quotes
+    field names and values (caller metadata, document text), which a status or log never holds."""
+    kinds: list[str] = []
+    while isinstance(error, dict) and len(kinds) < 3:
+        kind = error.get("type")
+        if isinstance(kind, str) and re.fullmatch(r"[a-z_]{1,80}", kind):
+            kinds.append(kind)
+        error = error.get("caused_by")
+    return ": ".join(kinds) or "unknown"
 
 
 MAX_MOVES = 5  # alias moves survived in one store; a reembed makes at most one
