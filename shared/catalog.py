@@ -13,7 +13,7 @@ from shared.config import Settings
 from shared.embedding import servable_models
 from shared.errors import ErrorCode, RaglineError
 from shared.ingest import Ingestor
-from shared.models import DocStatus, Document, KbSettings, KnowledgeBase, Reembed
+from shared.models import DocStatus, Document, KbSettings, KnowledgeBase, Reembed, check_pii_entities
 from shared.queue import enqueue
 from shared.registry import Registry
 from shared.search.placement import (
@@ -199,6 +199,8 @@ class Catalog:
         tags: list[str] | None = None,
         settings: KbSettings | None = None,
     ) -> KbView:
+        if settings is not None:
+            check_pii_entities(settings.pii_entities)
         kb = KnowledgeBase(
             tenant_id=tenant_id,
             kb_id=kb_id,
@@ -216,6 +218,8 @@ class Catalog:
     def update_kb(self, tenant_id: str, kb_id: str, changes: KbChanges) -> KbView:
         """Apply the changed fields to the current record (optimistic: a racing write, such as a
         reembed finishing, is read and kept; the fields are simply set again on it)."""
+        if changes.settings is not None:
+            check_pii_entities(changes.settings.pii_entities)
         fields = {name: value for name, value in changes if value is not None}
 
         def apply(kb: KnowledgeBase) -> KnowledgeBase:

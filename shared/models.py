@@ -96,6 +96,45 @@ DEFAULT_PII_ENTITIES = [
     "IP_ADDRESS",
     "US_SSN",
 ]
+# The entities the worker's analyzer can report (workers/stages/pii.py): the pattern recognizers'
+# and those the spaCy model's NER labels map to. Presidio also lists entities of NER labels this
+# model never emits (EMAIL, ID, AGE), and ignores a name it does not know: either would turn
+# redaction off without a word. Kept here because the API does not load Presidio; a unit test
+# checks it against the real analyzer.
+SUPPORTED_PII_ENTITIES = (
+    "CREDIT_CARD",
+    "CRYPTO",
+    "DATE_TIME",
+    "EMAIL_ADDRESS",
+    "IBAN_CODE",
+    "IP_ADDRESS",
+    "LOCATION",
+    "MAC_ADDRESS",
+    "MEDICAL_LICENSE",
+    "NRP",
+    "ORGANIZATION",
+    "PERSON",
+    "PHONE_NUMBER",
+    "UK_NHS",
+    "URL",
+    "US_BANK_NUMBER",
+    "US_DRIVER_LICENSE",
+    "US_ITIN",
+    "US_PASSPORT",
+    "US_SSN",
+    "UUID",
+)
+
+
+def check_pii_entities(entities: list[str]) -> None:
+    """INVALID_ARGUMENT naming the entities the analyzer cannot find, with the ones it can."""
+    unknown = sorted(set(entities) - set(SUPPORTED_PII_ENTITIES))
+    if unknown:
+        raise RaglineError(
+            f"unknown PII entities {unknown}; supported: {list(SUPPORTED_PII_ENTITIES)}",
+            code=ErrorCode.INVALID_ARGUMENT,
+            details={"unknown": unknown, "supported": list(SUPPORTED_PII_ENTITIES)},
+        )
 
 
 class KbSettings(BaseModel):
