@@ -9,20 +9,25 @@ The detector's recall per entity type (found, with the right type) is printed be
 from __future__ import annotations
 
 import json
+import random
 from collections import Counter
 from typing import Any
 
 import pytest
 from opensearchpy import OpenSearch
 
+from shared.catalog import Catalog
 from shared.config import Settings
 from shared.ingest import Ingestor
 from shared.models import DEFAULT_PII_ENTITIES, DocStatus
 from shared.registry import Registry
+from shared.search.hybrid import Searcher, SearchRequest
 from shared.search.schema import chunks_alias
-from tests.fixtures.pii_canaries import CANARIES, documents, planted
+from tests.fixtures.pii_canaries import CANARIES, documents, fresh_canaries, on_borders, planted
 from tests.integration.helpers import chunks_of, new_kb, wait_terminal
-from workers.stages.pii import find
+from tests.integration.pii_leaks import index_leaks
+from workers.stages.pii import analysis_windows, find
+from workers.stages.plain_text import text_elements
 
 pytestmark = pytest.mark.integration
 
@@ -91,3 +96,50 @@ def test_detector_recall_per_entity_type(settings: Settings) -> None:
     # Typed recall may miss (the NER can call part of an IPv6 address a PERSON); what must never
     # happen is a value left in the text, which the test above checks on the real index.
     assert sum(found.values()) / sum(total.values()) >= 0.9
+
+
+def test_values_on_analysis_window_borders_are_redacted(
+    registry: Registry, ingestor: Ingestor, opensearch: OpenSearch, settings: Settings
+) -> None:
+    """A document of three analysis windows with values across each border: none stays raw."""
+    values = fresh_canaries(random.Random())
+    windows = analysis_windows(205_000)
+    assert len(windows) == 3
+    (_, first_end), (second_start, second_end), (third_start, _) = windows
+    assert first_end == 100_000
+    places = {
+        100_001: "PHONE_NUMBER",  # 99,994-100,008: where a phone number came back raw
+        second_start: "IBAN_CODE",  # where the second window starts
+        (first_end + second_end) // 2: "US_SSN",  # inside one window only
+        second_end: "EMAIL_ADDRESS",  # across the second border
+        third_start + 5: "IP_ADDRESS",  # where the third window starts
+        200_000: "CREDIT_CARD",  # a border of windows that do not overlap
+    }
+    text, spans = on_borders(205_000, {at: (entity, values[entity]) for at, entity in places.items()})
+    assert "\n\n".join(e["text"] for e in text_elements(text)) == text  # parsed text = this text
+    for at, entity in places.items():
+        start, end = spans[values[entity]]
+        assert start < at < end
+    kb = new_kb(registry)
+    ingestor.submit(kb.tenant_id, kb.kb_id, text.encode(), filename="borders.txt")
+    doc = wait_terminal(registry, kb, ["borders.txt"], timeout_s=900)["borders.txt"]
+    assert doc.status == DocStatus.READY, doc.error
+
+    raw = list(values.values())
+    leaks = index_leaks(opensearch, settings, kb.tenant_id, raw)
+    searcher = Searcher(opensearch, settings)
+    for value in raw:
+        for mode in ("keyword", "hybrid"):
+            hits = searcher.search(kb.tenant_id, [kb.kb_id], SearchRequest(query=value, mode=mode)).results
+            leaks += [f"{value} (search, {mode})" for hit in hits if value in hit.text]
+    catalog = Catalog(settings, registry, ingestor)
+    read = {
+        chunk.chunk_idx: chunk.text
+        for centre in range(5, doc.chunk_count + 5, 11)
+        for chunk in catalog.read_chunks(kb.tenant_id, kb.kb_id, "borders.txt", centre, 5).chunks
+    }
+    assert sorted(read) == list(range(doc.chunk_count))
+    leaks += [f"{value} (read_document)" for value in raw if any(value in text for text in read.values())]
+    print(f"border canaries: {len(raw)} on {len(windows) - 1} borders; found raw: {len(leaks)}")
+    assert leaks == []
+    assert all(doc.pii.get(entity, 0) >= 1 for entity in places.values()), doc.pii

@@ -1,4 +1,10 @@
-"""enrich: document title, language, keywords, and the "title › section" header embedded with each chunk."""
+"""enrich: document title, language, and the "title › section" header embedded with each chunk.
+
+The title and headers may hold personal data: they go on to the pii stage in the artifact, and
+the registry gets the title from there, redacted. Keywords are computed here but called by the
+pii stage on the text as it is indexed (`keywords`): computed before redaction, they held
+fragments of the values that redaction replaced.
+"""
 
 from __future__ import annotations
 
@@ -220,15 +226,8 @@ def run(ctx: WorkerContext, doc: Document, chunked: dict[str, Any]) -> StageResu
     chunks: list[dict[str, Any]] = chunked["chunks"]
     title = document_title(doc, chunked.get("title_hint"))
     language = detect_language(chunked.get("text", ""), kb.settings.language)
-    per_chunk, doc_keywords = keywords([c["text"] for c in chunks])
-    for chunk, chunk_keywords in zip(chunks, per_chunk, strict=True):
-        chunk["keywords"] = chunk_keywords
+    for chunk in chunks:
         chunk["context"] = context_header(title, chunk["headings"], counter)
-    artifact = {
-        **chunked,
-        "title": title,
-        "language": language,
-        "keywords": doc_keywords,
-        "chunks": chunks,
-    }
-    return StageResult(artifact=artifact, updates={"title": title})
+    artifact = {**chunked, "title": title, "language": language, "chunks": chunks}
+    # No title for the registry yet: the pii stage records it once it is redacted.
+    return StageResult(artifact=artifact)

