@@ -297,6 +297,22 @@ class ApiSettings(_Section):
     allowed_origins: list[str] = Field(
         default_factory=list, description="Browser origins accepted on /mcp besides the allowed hosts."
     )
+    mcp_sessions_per_tenant: int = Field(
+        100, ge=1, description="Open MCP sessions (streamable HTTP) a tenant may hold; more get 429."
+    )
+    mcp_max_request_bytes: int | None = Field(
+        None,
+        ge=1024,
+        description="Largest MCP message body (413 TOO_LARGE); unset: room for an `ingest` of "
+        "max_file_bytes as base64.",
+    )
+
+    @property
+    def mcp_request_limit(self) -> int:
+        """The MCP body limit: as set, else a base64 copy of the largest file plus 1 MiB of JSON."""
+        if self.mcp_max_request_bytes is not None:
+            return self.mcp_max_request_bytes
+        return 4 * -(-self.max_file_bytes // 3) + (1 << 20)
 
 
 class SearchSettings(_Section):

@@ -81,7 +81,7 @@ def create_app(settings: Settings | None = None, state: AppState | None = None) 
     state = state or build_state(settings)
     assert state.keys is not None
     mcp = build_mcp(state)
-    routes = mcp_routes(mcp, state.keys)
+    routes = mcp_routes(mcp, state.keys, settings.api)
 
     @asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:

@@ -23,8 +23,6 @@ from mcp.server.streamable_http_manager import StreamableHTTPSessionManager
 from starlette.requests import Request
 from starlette.types import Receive, Scope, Send
 
-from services.mcp.server import RaglineMCP
-
 # Per request (each ASGI request is its own task, so its own context), not per session: two
 # calls of one session can be in flight at once, and each must keep the mode it chose.
 _json_answer: ContextVar[bool] = ContextVar("json_answer", default=False)
@@ -84,21 +82,3 @@ class PerRequestSessions(StreamableHTTPSessionManager):
             self._session_owners[session_id] = requestor
         self._server_instances[session_id] = transport
         return transport
-
-
-def install_sessions(mcp: RaglineMCP) -> PerRequestSessions:
-    """Give `mcp` a `PerRequestSessions` built as FastMCP builds its own session manager."""
-    settings = mcp.settings
-    if settings.stateless_http:
-        raise ValueError("the per-request answer mode is built for stateful sessions")
-    sessions = PerRequestSessions(
-        app=mcp._mcp_server,
-        event_store=mcp._event_store,
-        retry_interval=mcp._retry_interval,
-        security_settings=settings.transport_security,
-        max_request_body_size=settings.max_request_body_size,
-        session_idle_timeout=settings.session_idle_timeout,
-        max_sessions=settings.max_sessions,
-    )
-    mcp._session_manager = sessions
-    return sessions

@@ -12,8 +12,9 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 from services.api.auth import KeyRing, key_from_headers
 from services.api.errors import envelope
-from services.mcp.answer_mode import install_sessions
 from services.mcp.server import RaglineMCP
+from services.mcp.sessions import EnvelopeBodyLimit, install_sessions, owner
+from shared.config import ApiSettings
 from shared.errors import RaglineError
 
 
@@ -34,16 +35,23 @@ class KeyGate:
             await envelope(error.code, error.message)(scope, receive, send)
             return
         scope.setdefault("state", {})["principal"] = principal
+        scope["user"] = owner(principal)  # what the SDK binds a session to (services/mcp/sessions.py)
         await self.app(scope, receive, send)
 
 
-def mcp_routes(mcp: RaglineMCP, keys: KeyRing) -> list[Route | Mount]:
+def mcp_routes(mcp: RaglineMCP, keys: KeyRing, api: ApiSettings) -> list[Route | Mount]:
     """Streamable HTTP at /mcp, and SSE (older clients) at /mcp/sse with posts to /mcp/messages/.
 
     The caller must run `mcp.session_manager.run()` in its lifespan.
     """
-    sessions = install_sessions(mcp)
-    sse = SseServerTransport("/mcp/messages/", security_settings=mcp.settings.transport_security)
+    sessions = install_sessions(mcp, api)
+    sse = SseServerTransport(
+        "/mcp/messages/",
+        security_settings=mcp.settings.transport_security,
+        max_request_body_size=api.mcp_request_limit,
+    )
+    # The SDK answers an oversized post to a session as plain text; ours say TOO_LARGE as JSON.
+    sse._post_message_app = EnvelopeBodyLimit(sse._handle_post_message, api.mcp_request_limit)
     server = mcp._mcp_server  # the SDK's own sse_app() runs the low-level server the same way
 
     security = TransportSecurityMiddleware(mcp.settings.transport_security)

@@ -1,0 +1,143 @@
+"""Streamable-HTTP sessions bound to the key that opened them, a cap per tenant, a body limit.
+
+The SDK binds a session to `scope["user"]` when that is an `AuthenticatedUser`: a request for a
+session from another identity is answered 404, exactly as an unknown session, so an id is never
+confirmed. `KeyGate` puts the principal there as such a user (tenant and key, see `owner`).
+
+A tenant that holds `mcp_sessions_per_tenant` open sessions gets RATE_LIMITED (429) for another
+one, and other tenants are unaffected. Refused rather than evicting that tenant's oldest idle
+session: an agent's session sits idle between its tool calls most of its life, so evicting
+"idle" ones would end live conversations of the same tenant without a word, while a refusal is
+seen by the client that asked; abandoned sessions still end by the idle timeout or a DELETE.
+The SDK itself refuses (503) at its process-wide cap, for the same reason.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from typing import Any
+
+from mcp.server.auth.middleware.bearer_auth import AuthenticatedUser, AuthorizationContext
+from mcp.server.auth.provider import AccessToken
+from mcp.server.lowlevel.server import Server as MCPServer
+from mcp.server.streamable_http import StreamableHTTPServerTransport
+from mcp.server.transport_security import RequestBodyLimitMiddleware
+from starlette.datastructures import Headers
+from starlette.types import Message, Receive, Scope, Send
+
+from services.api.auth import Principal
+from services.api.errors import envelope
+from services.mcp.answer_mode import PerRequestSessions
+from services.mcp.server import RaglineMCP
+from shared.config import ApiSettings
+from shared.errors import ErrorCode
+
+
+def owner(principal: Principal) -> AuthenticatedUser:
+    """The identity the SDK compares to a session's creator: tenant, role and key name."""
+    token = AccessToken(
+        token="",  # never the key: only who it is matters here
+        client_id=principal.tenant,
+        scopes=[],
+        subject=f"{principal.role.name.lower()}:{principal.name}",
+    )
+    return AuthenticatedUser(token)
+
+
+class EnvelopeBodyLimit(RequestBodyLimitMiddleware):
+    """The SDK's body limit (the body is read whole before the app), answering TOO_LARGE as JSON.
+
+    The SDK answers a plain-text 413; every other Ragline error is `{code, message, details}`.
+    """
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        declared = Headers(scope=scope).get("content-length")
+        if declared is not None and declared.isdigit() and int(declared) > self.max_body_size:
+            await self._refuse(scope, receive, send)
+            return
+        body = bytearray()
+        pending: deque[Message] = deque()
+        while True:
+            message = await receive()
+            if message["type"] != "http.request":
+                pending.append(message)  # a disconnect: passed on for the app to see
+                break
+            body.extend(message.get("body", b""))
+            if len(body) > self.max_body_size:
+                await self._refuse(scope, receive, send)
+                return
+            if not message.get("more_body", False):
+                pending.appendleft({"type": "http.request", "body": bytes(body), "more_body": False})
+                break
+
+        async def replay() -> Message:
+            return pending.popleft() if pending else await receive()
+
+        await self.app(scope, replay, send)
+
+    async def _refuse(self, scope: Scope, receive: Receive, send: Send) -> None:
+        limit = self.max_body_size
+        response = envelope(ErrorCode.TOO_LARGE, f"the MCP message exceeds {limit} bytes", {"limit": limit})
+        await response(scope, receive, send)
+
+
+class _TenantFull(Exception):
+    """Raised out of admission (under the SDK's lock) when the tenant holds its most sessions."""
+
+    def __init__(self, tenant: str, limit: int) -> None:
+        super().__init__(tenant)
+        self.limit = limit
+
+
+class TenantSessions(PerRequestSessions):
+    """`PerRequestSessions` with a cap of open sessions per tenant and the JSON body limit."""
+
+    def __init__(self, app: MCPServer[Any, Any], *, per_tenant: int, retry_after_s: int, **sdk: Any) -> None:
+        super().__init__(app, **sdk)
+        self.per_tenant = per_tenant
+        self.retry_after_s = retry_after_s
+        self.asgi_app = EnvelopeBodyLimit(self._handle_request, self.max_request_body_size)
+
+    def open_sessions(self, tenant: str) -> int:
+        return sum(1 for who in self._session_owners.values() if who["client_id"] == tenant)
+
+    def _admit_session(self, requestor: AuthorizationContext | None) -> StreamableHTTPServerTransport | None:
+        if requestor is not None and self.open_sessions(requestor["client_id"]) >= self.per_tenant:
+            raise _TenantFull(requestor["client_id"], self.per_tenant)
+        return super()._admit_session(requestor)
+
+    async def handle_request(self, scope: Scope, receive: Receive, send: Send) -> None:
+        try:
+            await super().handle_request(scope, receive, send)
+        except _TenantFull as full:
+            response = envelope(
+                ErrorCode.RATE_LIMITED,
+                f"this tenant holds {full.limit} open MCP sessions, its most: end one "
+                "(DELETE /mcp with its mcp-session-id) or let an unused one idle out",
+                {"limit": full.limit, "retry_after": self.retry_after_s},
+                headers={"Retry-After": str(self.retry_after_s)},
+            )
+            await response(scope, receive, send)
+
+
+def install_sessions(mcp: RaglineMCP, api: ApiSettings) -> TenantSessions:
+    """Give `mcp` a `TenantSessions` built as FastMCP builds its own session manager."""
+    settings = mcp.settings
+    if settings.stateless_http:
+        raise ValueError("the per-request answer mode is built for stateful sessions")
+    sessions = TenantSessions(
+        app=mcp._mcp_server,
+        event_store=mcp._event_store,
+        retry_interval=mcp._retry_interval,
+        security_settings=settings.transport_security,
+        max_request_body_size=api.mcp_request_limit,
+        session_idle_timeout=settings.session_idle_timeout,
+        max_sessions=settings.max_sessions,
+        per_tenant=api.mcp_sessions_per_tenant,
+        retry_after_s=api.retry_after_s,
+    )
+    mcp._session_manager = sessions
+    return sessions
