@@ -134,12 +134,18 @@ class Condition(BaseModel):
         return self
 
 
+# A clause each, within OpenSearch's 1,024 clauses a query (past them the search itself fails).
+MAX_METADATA_CONDITIONS = 100
+
+
 class Filters(BaseModel):
     """Typed filters over chunks and their documents' metadata."""
 
     model_config = {"extra": "forbid"}
     metadata: dict[str, Scalar | list[Scalar] | Condition] = Field(
-        default_factory=dict, description="Per metadata key: a value, a list (any of), or a condition."
+        default_factory=dict,
+        max_length=MAX_METADATA_CONDITIONS,
+        description="Per metadata key: a value, a list (any of), or a condition.",
     )
     mime_types: list[str] = Field(default_factory=list, max_length=50)
     source_prefix: str | None = Field(None, min_length=1, max_length=1000)

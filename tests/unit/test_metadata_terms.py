@@ -201,9 +201,12 @@ def test_range_bounds_parse_the_same_from_json_and_python() -> None:
     assert Range.model_validate({"gte": "20210304"}).bounds()["gte"] == 20210304.0
 
 
-def test_metadata_keys_with_control_characters_are_refused() -> None:
+def test_metadata_keys_with_control_characters_or_too_many_are_refused() -> None:
     with pytest.raises(ValidationError):
         Filters.model_validate({"metadata": {"a\x1fb": "c"}})
+    with pytest.raises(ValidationError):
+        Filters.model_validate({"metadata": {f"k{i}": i for i in range(2000)}})
+    assert len(Filters.model_validate({"metadata": {f"k{i}": i for i in range(100)}}).metadata) == 100
 
 
 def test_filter_clauses_use_the_typed_fields() -> None:
