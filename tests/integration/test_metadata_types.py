@@ -9,17 +9,22 @@ from typing import Any
 
 import numpy as np
 import pytest
+import redis
+from celery import Celery
 from opensearchpy import OpenSearch
 
+from shared.blobs import BlobStore
 from shared.config import Settings
 from shared.ingest import Ingestor
-from shared.models import DocStatus, Document, KnowledgeBase
+from shared.models import DocStatus, Document, KnowledgeBase, Reembed
 from shared.registry import Registry
 from shared.search.hybrid import Searcher, SearchRequest
 from shared.search.schema import chunk_index_body, chunks_alias, chunks_mapping, upgrade_chunk_indexes
 from tests.integration.helpers import new_kb, wait_terminal
+from workers.context import WorkerContext
+from workers.reembed import reembed
 from workers.stages.embed import encode_b64
-from workers.stages.store import bulk_index, chunk_source
+from workers.stages.store import bulk_index, chunk_doc_id, chunk_source
 
 pytestmark = pytest.mark.integration
 
@@ -219,3 +224,49 @@ def test_two_thousand_keys_of_one_tenant_add_no_fields_while_another_ingests(
         numbers = {"year": {"range": {"gte": 2003, "lt": 2005}}, "team": "ops"}
         assert _found(searcher, other, "tide tables", mode, **numbers) == {"plain3", "plain4"}, mode
         assert _found(searcher, other, "tide tables", mode, year=[2001, -5, 2009.0]) == {"plain1", "plain9"}
+
+
+def test_a_reembed_makes_chunks_of_an_earlier_version_filterable(
+    registry: Registry,
+    ingestor: Ingestor,
+    opensearch: OpenSearch,
+    settings: Settings,
+    sender: Celery,
+    redis_client: redis.Redis,
+) -> None:
+    """The upgrade path docs/operations.md gives: chunks written before the typed fields (metadata in
+    a dynamic object only) match metadata filters once their KB is reembedded, to its own model."""
+    kb = new_kb(registry, pii_policy="off")
+    _submit(ingestor, kb, "fresh", "Ferry timetable for the winter season.", {"when": "2021-03-04"})
+    _ready(registry, kb, ["fresh"])
+    legacy = Document(
+        tenant_id=kb.tenant_id,
+        kb_id=kb.kb_id,
+        doc_id="legacy",
+        content_hash="0" * 64,
+        file_size=1,
+        status=DocStatus.READY,
+        active_generation=1,
+        metadata={"when": "2021-03-05"},
+    )
+    registry.create_doc(legacy)
+    vector = np.ones(settings.embedding.dimension, dtype=np.float32) / settings.embedding.dimension**0.5
+    chunk = {"chunk_idx": 0, "text": "Ferry timetable for the summer season.", "headings": []}
+    source = chunk_source(legacy, 1, {**chunk, "embedding_b64": encode_b64(vector)}, "legacy", "en")
+    typed = {"caller_metadata", "metadata_values", "metadata_numbers", "metadata_dates"}
+    earlier = {**{k: v for k, v in source.items() if k not in typed}, "metadata": legacy.metadata}
+    bulk_index(opensearch, chunks_alias(settings), [(chunk_doc_id(legacy, 1, 0), earlier)])
+    opensearch.indices.refresh(index=chunks_alias(settings))
+    searcher = Searcher(opensearch, settings)
+    march = {"range": {"gte": "2021-03-01", "lt": "2021-04-01"}}
+    assert _found(searcher, kb, "ferry timetable", "keyword") == {"fresh", "legacy"}
+    assert _found(searcher, kb, "ferry timetable", "keyword", when=march) == {"fresh"}
+    registry.save_kb(kb.model_copy(update={"reembed": Reembed(model=settings.embedding.model)}))
+    ctx = WorkerContext(
+        settings, opensearch, registry, BlobStore(settings.state_dir / "blobstore"), sender, redis_client
+    )
+    reembed(ctx, kb.tenant_id, kb.kb_id, settings.embedding.model)
+    searcher = Searcher(opensearch, settings)  # a new placement cache: the KB moved
+    for mode in MODES:
+        assert _found(searcher, kb, "ferry timetable", mode, when=march) == {"fresh", "legacy"}, mode
+        assert _found(searcher, kb, "ferry timetable", mode, when="2021-03-05") == {"legacy"}, mode
