@@ -59,6 +59,13 @@ class OpenSearchSettings(_Section):
     password: SecretStr | None = Field(None, description="Basic-auth password.")
     verify_certs: bool = Field(True, description="Verify TLS certificates for https URLs.")
     timeout_s: float = Field(30.0, gt=0, description="Per-request timeout in seconds.")
+    pool_maxsize: int = Field(
+        40,
+        ge=1,
+        le=1000,
+        description="Connections kept open to each node: as many as the API's worker threads "
+        "(40) that may each hold one; fewer are reopened for every request past them.",
+    )
     http_compress: bool = Field(
         False,
         description="gzip request bodies: saves bandwidth to a remote cluster; on loopback, only CPU.",
@@ -275,6 +282,11 @@ class ApiSettings(_Section):
     port: int = Field(8000, ge=1, le=65535, description="Bind port.")
     max_file_bytes: int = Field(100 << 20, ge=1, description="Largest accepted file.")
     max_request_bytes: int = Field(512 << 20, ge=1, description="Largest accepted request body.")
+    max_json_bytes: int = Field(
+        1 << 20,
+        ge=1024,
+        description="Largest body of a /v1 request other than a document upload (search, KB changes).",
+    )
     interactive_max_bytes: int = Field(
         5 << 20, ge=0, description="Single uploads up to this size go to the interactive queue."
     )
@@ -292,10 +304,11 @@ class ApiSettings(_Section):
     retry_after_s: int = Field(5, ge=1, le=3600, description="Retry-After sent with RATE_LIMITED.")
     allowed_hosts: list[str] = Field(
         default_factory=lambda: ["127.0.0.1", "localhost", "[::1]"],
-        description="Host headers accepted on /mcp (DNS-rebinding protection); add your public name.",
+        description="Host headers accepted on /v1 and /mcp (DNS-rebinding protection); add your public name.",
     )
     allowed_origins: list[str] = Field(
-        default_factory=list, description="Browser origins accepted on /mcp besides the allowed hosts."
+        default_factory=list,
+        description="Browser origins accepted on /v1 and /mcp besides the allowed hosts.",
     )
     mcp_sessions_per_tenant: int = Field(
         100, ge=1, description="Open MCP sessions (streamable HTTP) a tenant may hold; more get 429."
@@ -329,6 +342,11 @@ class MetricsSettings(_Section):
     worker_host: str = Field("127.0.0.1", description="Bind address of a worker's metrics endpoint.")
     # Off by default: several workers on one host would fight over any fixed port.
     worker_port: int = Field(0, ge=0, le=65535, description="Port of a worker's /metrics; 0 disables it.")
+    tenant_labels: bool = Field(
+        False,
+        description="Name tenants and KBs in labels (the deepest fair lanes); off, /metrics, served "
+        "without a key, shows only totals.",
+    )
 
 
 class TracingSettings(_Section):

@@ -4,14 +4,16 @@ from __future__ import annotations
 
 from typing import Any
 
-import redis
 from celery import Celery
 from celery.result import AsyncResult
-from kombu.exceptions import OperationalError
 
 from shared import tracing
 from shared.config import Settings
 from shared.models import PIPELINE, Stage
+
+# How long a send waits for a pooled broker connection: past it the send fails (OperationalError,
+# which the ingest path hands to the reconciler) instead of holding its caller's thread forever.
+BROKER_POOL_WAIT_S = 10.0
 
 
 def broker_client(settings: Settings) -> Celery:
@@ -19,6 +21,11 @@ def broker_client(settings: Settings) -> Celery:
     app = Celery("ragline-sender", broker=settings.redis.url, backend=settings.redis.url)
     app.conf.broker_transport_options = {"visibility_timeout": settings.celery.visibility_timeout_s}
     app.conf.broker_connection_retry_on_startup = True
+    app.conf.broker_pool_acquire_timeout = BROKER_POOL_WAIT_S
+    # Remote control (the readiness ping) publishes on the connection it is given, never through
+    # the shared producer pool, whose producers each take a second connection from the pool
+    # (celery-types does not declare the mailbox).
+    app.control.mailbox.producer_pool = None  # type: ignore[attr-defined]
     return app
 
 
@@ -81,11 +88,11 @@ def enqueue(
 def ping_workers(app: Celery, timeout_s: float) -> list[dict[str, Any]]:
     """The workers that answer a control ping within `timeout_s`.
 
-    A broker restart leaves the connections pooled before it dead; a send reconnects on its own,
-    remote control does not, and its first use after the restart failed. One failure on a
-    connection error is therefore tried again, on a fresh connection.
+    The ping has a connection of its own, with socket timeouts of `timeout_s`, never a pooled
+    one: a broadcast over the pool held one pooled connection while its producer waited for a
+    second, and as many concurrent pings as the pool has connections waited for each other
+    forever. A fresh connection also never carries a socket that died in a broker restart.
     """
-    try:
-        return list(app.control.ping(timeout=timeout_s) or [])
-    except (redis.ConnectionError, OperationalError, OSError):
-        return list(app.control.ping(timeout=timeout_s) or [])
+    options = {"socket_timeout": timeout_s, "socket_connect_timeout": timeout_s}
+    with app.connection_for_write(connect_timeout=timeout_s, transport_options=options) as connection:
+        return list(app.control.ping(timeout=timeout_s, connection=connection) or [])

@@ -110,7 +110,13 @@ def scrape_registry(settings: Settings) -> CollectorRegistry:
         MultiProcessCollector(registry)  # type: ignore[no-untyped-call]
     else:
         registry = REGISTRY
-    registry.register(QueueDepthCollector(redis.Redis.from_url(settings.redis.url), all_queues(settings)))
+    registry.register(
+        QueueDepthCollector(
+            redis.Redis.from_url(settings.redis.url),
+            all_queues(settings),
+            tenant_labels=settings.metrics.tenant_labels,
+        )
+    )
     return registry
 
 

@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import logging
-from collections.abc import AsyncIterator
+import re
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from typing import Any
 
@@ -11,32 +12,51 @@ from fastapi import FastAPI
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from services.api import errors
+from services.api.auth_gate import AuthGate, is_rest
+from services.api.host_check import HostCheck
 from services.api.metrics import Metrics, RequestLatency
+from services.api.readiness import Readiness
 from services.api.request_context import RequestContext
 from services.api.routes import batches, documents, health, kbs, search
 from services.api.state import AppState, build_state, prepare_indexes
 from services.mcp.http import mcp_routes
 from services.mcp.server import build_mcp
-from shared.config import Settings, get_settings
+from shared.config import ApiSettings, Settings, get_settings
 from shared.errors import ErrorCode, RaglineError
 
 log = logging.getLogger(__name__)
 
 
-class BodyLimit:
-    """Refuses request bodies over the limit while they stream in, declared length or not."""
+# The one REST route that takes big bodies: document uploads (files, or inline content).
+_UPLOAD = re.compile(r"^/v1/kbs/[^/]+/documents/?$")
 
-    def __init__(self, app: ASGIApp, limit: int) -> None:
+
+def body_limits(api: ApiSettings) -> Callable[[Scope], int]:
+    """The body limit of a request: small for every /v1 route but uploads, which parse it whole."""
+
+    def limit(scope: Scope) -> int:
+        if is_rest(scope) and not (scope["method"] == "POST" and _UPLOAD.match(scope["path"])):
+            return api.max_json_bytes
+        return api.max_request_bytes
+
+    return limit
+
+
+class BodyLimit:
+    """Refuses request bodies over the request's limit while they stream in, declared length or not."""
+
+    def __init__(self, app: ASGIApp, limits: Callable[[Scope], int]) -> None:
         self.app = app
-        self.limit = limit
+        self.limits = limits
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
+        limit = self.limits(scope)
         declared = dict(scope["headers"]).get(b"content-length")
-        if declared is not None and declared.isdigit() and int(declared) > self.limit:
-            await self._refuse(scope, receive, send)
+        if declared is not None and declared.isdigit() and int(declared) > limit:
+            await self._refuse(limit, scope, receive, send)
             return
         received = 0
         responded = False
@@ -46,16 +66,23 @@ class BodyLimit:
             message = await receive()
             if message["type"] == "http.request":
                 received += len(message.get("body", b""))
-                if received > self.limit:
+                if received > limit:
                     raise RaglineError(
-                        f"the request exceeds {self.limit} bytes",
+                        f"the request exceeds {limit} bytes",
                         code=ErrorCode.TOO_LARGE,
-                        details={"limit": self.limit},
+                        details={"limit": limit},
                     )
             return message
 
         async def watched(message: Message) -> None:
             nonlocal responded
+            if received > limit:
+                # Whatever the app makes of the error (FastAPI answers a body it could not read
+                # with its own 400), the answer is TOO_LARGE.
+                if not responded:
+                    responded = True
+                    await self._refuse(limit, scope, receive, send)
+                return
             responded = responded or message["type"] == "http.response.start"
             await send(message)
 
@@ -64,13 +91,14 @@ class BodyLimit:
         except Exception:
             # A middleware in between (BaseHTTPMiddleware runs the app in a task group) may wrap
             # the error above so no handler knows it; the count tells what happened.
-            if received <= self.limit or responded:
+            if received <= limit or responded:
                 raise
-            await self._refuse(scope, receive, send)
+            await self._refuse(limit, scope, receive, send)
 
-    async def _refuse(self, scope: Scope, receive: Receive, send: Send) -> None:
+    @staticmethod
+    async def _refuse(limit: int, scope: Scope, receive: Receive, send: Send) -> None:
         response = errors.envelope(
-            ErrorCode.TOO_LARGE, f"the request exceeds {self.limit} bytes", {"limit": self.limit}
+            ErrorCode.TOO_LARGE, f"the request exceeds {limit} bytes", {"limit": limit}
         )
         await response(scope, receive, send)
 
@@ -101,12 +129,19 @@ def create_app(settings: Settings | None = None, state: AppState | None = None) 
     )
     app.state.ragline = state
     app.state.metrics = Metrics(state)
+    app.state.readiness = Readiness(state)
     errors.install(app)
     for router in (kbs.router, documents.router, batches.router, search.router, health.router):
         app.include_router(router)
     app.router.routes.extend(routes)
+    # Each added one wraps those before it. Inward from the request id: timing (refusals too),
+    # the Host/Origin check, the key (before any body is read), the body's limit.
+    app.add_middleware(BodyLimit, limits=body_limits(settings.api))
+    app.add_middleware(AuthGate, keys=state.keys)
+    security = mcp.settings.transport_security  # the /mcp check's lists (services/mcp/server.py)
+    assert security is not None
+    app.add_middleware(HostCheck, security=security)
     app.add_middleware(RequestLatency, metrics=app.state.metrics)
-    app.add_middleware(BodyLimit, limit=settings.api.max_request_bytes)
     app.add_middleware(RequestContext)  # added last: outermost, so even a refused body gets an id
     return app
 

@@ -1,4 +1,8 @@
-"""FastAPI dependencies: the app state and the caller's identity."""
+"""FastAPI dependencies: the app state and the caller's identity.
+
+Async, though they do not wait on anything: FastAPI runs a sync dependency on the shared thread
+pool, one hop there and back for each, for every request.
+"""
 
 from __future__ import annotations
 
@@ -6,40 +10,45 @@ from typing import Annotated
 
 from fastapi import Depends, Header, Request
 
-from services.api.auth import Principal, Role, key_from_headers, require
+from services.api.auth import KeyRing, Principal, Role, key_from_headers, require
+from services.api.auth_gate import resolved
 from services.api.state import AppState
 from shared import logs
 
 
-def app_state(request: Request) -> AppState:
+async def app_state(request: Request) -> AppState:
     state: AppState = request.app.state.ragline
     return state
 
 
-def caller(
+async def caller(
     request: Request,
     authorization: Annotated[str | None, Header(description="`Bearer <API key>`")] = None,
     x_api_key: Annotated[str | None, Header(description="The API key (alternative to Authorization)")] = None,
 ) -> Principal:
-    keys = app_state(request).keys
-    assert keys is not None, "the HTTP app is always built with a key ring"
-    principal = keys.principal(key_from_headers(authorization, x_api_key))
+    """The principal services/api/auth_gate.py resolved before the body was read; a route outside
+    the gate's paths resolves its caller here, by the same key ring."""
+    principal = resolved(request.scope)
+    if principal is None:
+        keys: KeyRing | None = request.app.state.ragline.keys
+        assert keys is not None, "the HTTP app is always built with a key ring"
+        principal = keys.principal(key_from_headers(authorization, x_api_key))
     params = request.path_params
     logs.add(tenant=principal.tenant, kb=params.get("kb_id"), doc_id=params.get("doc_id"))
     return principal
 
 
-def reader(principal: Annotated[Principal, Depends(caller)]) -> Principal:
+async def reader(principal: Annotated[Principal, Depends(caller)]) -> Principal:
     require(principal, Role.READ)
     return principal
 
 
-def writer(principal: Annotated[Principal, Depends(caller)]) -> Principal:
+async def writer(principal: Annotated[Principal, Depends(caller)]) -> Principal:
     require(principal, Role.WRITE)
     return principal
 
 
-def admin(principal: Annotated[Principal, Depends(caller)]) -> Principal:
+async def admin(principal: Annotated[Principal, Depends(caller)]) -> Principal:
     require(principal, Role.ADMIN)
     return principal
 

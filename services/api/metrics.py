@@ -11,13 +11,18 @@ import logging
 import time
 from collections.abc import Iterable
 
+import redis
 from prometheus_client import CollectorRegistry, Histogram, generate_latest
 from prometheus_client.core import GaugeMetricFamily, HistogramMetricFamily, Metric
 from prometheus_client.registry import Collector
 from starlette.responses import Response
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from services.api import errors
+from services.api.readiness import ASK_TIMEOUT_S, bounded_redis
+from services.api.single_flight import SingleFlight
 from services.api.state import AppState
+from shared.errors import ErrorCode
 from shared.queue import all_queues
 from shared.queue_metrics import QueueDepthCollector
 from shared.stage_metrics import read_stage_histograms
@@ -27,13 +32,18 @@ log = logging.getLogger(__name__)
 # Counting documents by status is an aggregation over the registry: a burst of scrapes (several
 # Prometheus servers, a dashboard) shares one answer for this long.
 STATUS_CACHE_S = 5.0
+# A burst of scrapes shares one exposition in flight and for this long after; a scrape waits this
+# long at most (every backing call is bounded shorter) and is answered UNAVAILABLE past it.
+EXPOSITION_FRESH_S = 1.0
+EXPOSITION_WAIT_S = 5.0
 
 
 class LiveCollector(Collector):
     """Figures read from OpenSearch and Redis at scrape time, so every API replica reports the same."""
 
-    def __init__(self, state: AppState) -> None:
+    def __init__(self, state: AppState, client: redis.Redis) -> None:
         self.state = state
+        self.redis = client
         self._statuses: tuple[float, dict[str, int]] | None = None
 
     def _by_status(self) -> dict[str, int]:
@@ -43,6 +53,7 @@ class LiveCollector(Collector):
         response = self.state.client.search(
             index=self.state.registry.docs,
             body={"size": 0, "aggs": {"status": {"terms": {"field": "status", "size": 20}}}},
+            request_timeout=ASK_TIMEOUT_S,
         )
         counts = {b["key"]: int(b["doc_count"]) for b in response["aggregations"]["status"]["buckets"]}
         self._statuses = (now, counts)
@@ -56,7 +67,7 @@ class LiveCollector(Collector):
         try:
             for status, count in self._by_status().items():
                 docs.add_metric([status], count)
-            for stage, (buckets, total) in read_stage_histograms(self.state.redis).items():
+            for stage, (buckets, total) in read_stage_histograms(self.redis).items():
                 stages.add_metric([stage], buckets=buckets, sum_value=total)
         except Exception:  # noqa: BLE001  (a scrape must answer even while a dependency is down)
             log.warning("metrics: a backing service did not answer")
@@ -73,15 +84,29 @@ class Metrics:
             registry=self.registry,
             buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10),
         )
-        self.registry.register(LiveCollector(state))
-        self.registry.register(QueueDepthCollector(state.redis, all_queues(state.settings)))
+        scrapes = bounded_redis(state.settings)
+        self.registry.register(LiveCollector(state, scrapes))
+        self.registry.register(
+            QueueDepthCollector(
+                scrapes, all_queues(state.settings), tenant_labels=state.settings.metrics.tenant_labels
+            )
+        )
+        self._exposition: SingleFlight[bytes | None] = SingleFlight(
+            lambda: generate_latest(self.registry),
+            fresh_s=EXPOSITION_FRESH_S,
+            wait_s=EXPOSITION_WAIT_S,
+            late=lambda: None,
+        )
 
     def observe(self, method: str, scope: Scope, status: int, seconds: float) -> None:
         route = scope.get("route")
         self.latency.labels(method, getattr(route, "path", "unmatched"), str(status)).observe(seconds)
 
-    def render(self) -> Response:
-        return Response(generate_latest(self.registry), media_type="text/plain; version=0.0.4")
+    async def render(self) -> Response:
+        exposition = await self._exposition.get()
+        if exposition is None:
+            return errors.envelope(ErrorCode.UNAVAILABLE, "the metrics could not be gathered in time; retry")
+        return Response(exposition, media_type="text/plain; version=0.0.4")
 
 
 class RequestLatency:

@@ -20,4 +20,7 @@ def build_client(settings: OpenSearchSettings) -> OpenSearch:
         max_retries=3,
         retry_on_timeout=True,
         http_compress=settings.http_compress,
+        # urllib3 keeps one connection per node unless told: every concurrent request past it
+        # opened a connection of its own and logged "Connection pool is full" when closing it.
+        pool_maxsize=settings.pool_maxsize,
     )
