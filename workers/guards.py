@@ -29,6 +29,7 @@ _LOCAL_HEADER = struct.Struct("<4s22xHH")
 _XML_MEMBER = (".xml", ".rels", ".vml")
 _PROLOG_ITEM = re.compile(r"\s*(?:<\?.*?\?>|<!--.*?-->)", re.S)
 _ROOT_START = re.compile(r"\s*<[A-Za-z_]")
+_SPACE = re.compile(r"\s*")
 
 
 def _too_large(message: str) -> PermanentError:
@@ -62,6 +63,53 @@ def root_follows_prolog(text: str) -> bool:
 def refuse_dtd(text: str) -> None:
     if not root_follows_prolog(text):
         raise _corrupt("XML with a document type declaration (DTD) or without a root element is refused")
+
+
+def _doctype_end(text: str, start: int) -> int | None:
+    """Where the `<!DOCTYPE` at `start` ends, past its internal subset; None when it does not end
+    within PROLOG_BYTES. Quoted literals and comments may hold `]` and `>`."""
+    position, limit, in_subset = start + len("<!DOCTYPE"), min(len(text), start + PROLOG_BYTES), False
+    while position < limit:
+        char = text[position]
+        if char in "\"'":
+            close = text.find(char, position + 1, limit)
+            if close < 0:
+                return None
+            position = close + 1
+            continue
+        if in_subset and text.startswith("<!--", position):
+            close = text.find("-->", position + 4, limit)
+            if close < 0:
+                return None
+            position = close + 3
+            continue
+        if char == "[" and not in_subset:
+            in_subset = True
+        elif char == "]" and in_subset:
+            in_subset = False
+        elif char == ">" and not in_subset:
+            return position + 1
+        position += 1
+    return None
+
+
+def without_harmless_doctype(text: str) -> str:
+    """XML without its document type declaration, when that declares no entity; refused otherwise.
+
+    Entities are how XXE and billion laughs work, and documents need none. A DOCTYPE that only
+    names a DTD (DocBook, XHTML) or declares elements and attributes (libxml2's examples) is
+    dropped, so no parser ever reads it, let alone fetches the DTD it names.
+    """
+    start = _SPACE.match(text, prolog_end(text)).end()  # type: ignore[union-attr]  # \s* always matches
+    if not text.startswith("<!DOCTYPE", start):
+        refuse_dtd(text)
+        return text
+    end = _doctype_end(text, start)
+    if end is None or "<!ENTITY" in text[start:end]:
+        raise _corrupt("XML whose document type declaration (DTD) declares entities is refused")
+    stripped = text[:start] + text[end:]
+    refuse_dtd(stripped)
+    return stripped
 
 
 def _decode(head: bytes) -> str:

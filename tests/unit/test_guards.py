@@ -12,7 +12,14 @@ import pytest
 from shared.config import ParseSettings
 from shared.errors import ErrorCode, PermanentError
 from tests.fixtures import hostile, samples
-from workers.guards import check_archive, check_html, check_pdf, root_follows_prolog
+from workers.guards import (
+    PROLOG_BYTES,
+    check_archive,
+    check_html,
+    check_pdf,
+    root_follows_prolog,
+    without_harmless_doctype,
+)
 
 LIMITS = ParseSettings()
 
@@ -119,3 +126,44 @@ def test_a_pdf_stream_bomb_is_refused_and_a_real_pdf_passes(tmp_path: Path) -> N
 def test_html_nested_past_the_parsers_depth_is_refused() -> None:
     _refused(lambda: check_html(hostile.nested_html(300).decode()), ErrorCode.PARSE_ERROR)
     check_html(hostile.nested_html(200).decode())
+
+
+@pytest.mark.parametrize(
+    ("text", "kept"),
+    [
+        # libxml2's examples/test2.xml: element and attribute declarations only.
+        (
+            "<!DOCTYPE doc [\n<!ELEMENT doc (src | dest)*>\n<!ATTLIST src ref IDREF #IMPLIED>\n]>\n"
+            "<doc><src/></doc>",
+            "\n<doc><src/></doc>",
+        ),
+        # DocBook source: a DTD named, never read.
+        (
+            '<?xml version="1.0"?>\n<!DOCTYPE book PUBLIC "-//OASIS//DTD DocBook XML V4.5//EN" '
+            '"http://www.oasis-open.org/docbook/xml/4.5/docbookx.dtd">\n<book>x</book>',
+            '<?xml version="1.0"?>\n\n<book>x</book>',
+        ),
+        # Brackets and quotes inside literals and comments do not end the declaration.
+        ('<!DOCTYPE d [<!-- ]> --><!ATTLIST d a CDATA "]>">]><d/>', "<d/>"),
+        ("<root>x</root>", "<root>x</root>"),
+    ],
+)
+def test_a_doctype_without_entities_is_dropped(text: str, kept: str) -> None:
+    assert without_harmless_doctype(text) == kept
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        hostile.billion_laughs().decode(),
+        hostile.billion_laughs(padding=100_000).decode(),
+        hostile.xxe(Path("/etc/hostname")).decode(),
+        hostile.xxe(Path("/etc/hostname"), declaration=False).decode(),
+        '<!DOCTYPE d [<!ENTITY % remote SYSTEM "http://example.org/x.dtd"> %remote;]><d/>',
+        "<!DOCTYPE d [<!ATTLIST d a CDATA 'never closed>]><d/>",
+        "<!DOCTYPE d [" + " " * (PROLOG_BYTES + 10) + "]><d/>",
+        "<!DOCTYPE d><!DOCTYPE e [<!ENTITY x 'y'>]><d>&x;</d>",
+    ],
+)
+def test_a_doctype_with_entities_is_refused(text: str) -> None:
+    _refused(lambda: without_harmless_doctype(text), ErrorCode.PARSE_ERROR)

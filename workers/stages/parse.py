@@ -30,7 +30,7 @@ from shared.errors import ErrorCode, PermanentError
 from shared.models import Document
 from workers.context import WorkerContext
 from workers.fork_server import ForkServer
-from workers.guards import check_archive, check_html, check_pdf, refuse_dtd
+from workers.guards import check_archive, check_html, check_pdf, without_harmless_doctype
 from workers.runner import StageResult
 from workers.sandbox import SandboxError, run_limited
 from workers.sniff import ARCHIVE_KINDS, FileKind, detect
@@ -232,8 +232,8 @@ def _partition(path: Path, kind: FileKind, ocr: bool, limits: ParseSettings, dep
 
         return _from_unstructured(partition_html(text=text, languages=LANGUAGES))
     if kind == FileKind.XML:
-        # DTDs and entities are how XXE and billion-laughs attacks work; documents need neither.
-        refuse_dtd(text)
+        # Entities are how XXE and billion-laughs attacks work; documents need none.
+        text = without_harmless_doctype(text)
         from unstructured.partition.xml import partition_xml
 
         return _from_unstructured(partition_xml(text=text, xml_keep_tags=False, languages=LANGUAGES))
