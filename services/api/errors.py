@@ -8,6 +8,7 @@ from typing import Any
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
+from kombu.exceptions import OperationalError as BrokerError
 from opensearchpy.exceptions import ConnectionError as OpenSearchConnectionError
 from opensearchpy.exceptions import TransportError
 from redis.exceptions import RedisError
@@ -73,6 +74,7 @@ def install(app: FastAPI) -> None:
 
     @app.exception_handler(OpenSearchConnectionError)
     @app.exception_handler(RedisError)
+    @app.exception_handler(BrokerError)  # the broker is down, or its connection pool stayed full
     async def _down(_: Request, error: Exception) -> JSONResponse:
         log.warning("dependency unavailable: %s", type(error).__name__)
         return envelope(ErrorCode.UNAVAILABLE, "a backing service is unavailable; retry shortly")

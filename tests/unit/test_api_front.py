@@ -10,9 +10,13 @@ from typing import Any
 
 import httpx
 import pytest
+from fastapi import FastAPI
+from fastapi.testclient import TestClient
+from kombu.exceptions import OperationalError
 from mcp.server.transport_security import TransportSecurityMiddleware, TransportSecuritySettings
 from starlette.types import Receive, Scope, Send
 
+from services.api import errors
 from services.api.app import BodyLimit, body_limits
 from services.api.auth import KeyRing
 from services.api.auth_gate import AuthGate, resolved
@@ -209,3 +213,18 @@ async def test_a_caller_past_its_wait_gets_the_late_answer_and_no_second_call_st
     assert calls == 1
     assert await flight.get() == "answer"  # after it (fresh for 0 s), the next caller starts another
     assert calls == 2
+
+
+def test_a_broker_that_cannot_take_a_send_is_unavailable() -> None:
+    """A send past the broker pool's bound (shared/queue.py) raises OperationalError: a 503, not a 500."""
+    app = FastAPI()
+    errors.install(app)
+
+    @app.post("/send")
+    def send() -> None:
+        raise OperationalError("Timed out waiting for a broker connection after 10.0s.")
+
+    with TestClient(app) as client:
+        response = client.post("/send")
+    assert response.status_code == 503
+    assert response.json()["code"] == "UNAVAILABLE"
