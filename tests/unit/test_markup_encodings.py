@@ -26,7 +26,7 @@ XHTML_DOCTYPE = (
 )
 
 
-def _xhtml(words: str, *, declaration: str | None, meta: str | None) -> str:
+def xhtml_page(words: str, *, declaration: str | None, meta: str | None) -> str:
     head = f'<?xml version="1.0" encoding="{declaration}"?>\n' if declaration else ""
     charset = f'<meta http-equiv="Content-Type" content="text/html; charset={meta}" />' if meta else ""
     return (
@@ -64,7 +64,7 @@ def _parsed_text(tmp_path: Path, data: bytes, name: str = "page.html") -> tuple[
 def test_xhtml_parses_in_every_encoding_and_declaration(
     tmp_path: Path, declaration: str | None, meta: str | None, encoding: str, words: str
 ) -> None:
-    data = _xhtml(words, declaration=declaration, meta=meta).encode(encoding)
+    data = xhtml_page(words, declaration=declaration, meta=meta).encode(encoding)
     kind, texts = _parsed_text(tmp_path, data)
     assert kind == FileKind.HTML.value
     assert "Greetings" in texts
@@ -72,13 +72,13 @@ def test_xhtml_parses_in_every_encoding_and_declaration(
 
 
 def test_utf16_without_byte_order_mark_is_read_from_its_declaration(tmp_path: Path) -> None:
-    data = _xhtml(WORDS, declaration="UTF-16", meta=None).encode("utf-16-le")
+    data = xhtml_page(WORDS, declaration="UTF-16", meta=None).encode("utf-16-le")
     assert not data.startswith(codecs.BOM_UTF16_LE)
     assert WORDS in _parsed_text(tmp_path, data)[1]
 
 
 def test_a_utf8_byte_order_mark_before_the_declaration(tmp_path: Path) -> None:
-    data = codecs.BOM_UTF8 + _xhtml(WORDS, declaration="UTF-8", meta=None).encode()
+    data = codecs.BOM_UTF8 + xhtml_page(WORDS, declaration="UTF-8", meta=None).encode()
     assert WORDS in _parsed_text(tmp_path, data)[1]
 
 
@@ -138,6 +138,6 @@ def test_a_head_cut_inside_a_character_is_still_utf8() -> None:
 
 @pytest.mark.parametrize("encoding", ["utf-16", "utf-16-le", "utf-32"])
 def test_wide_encodings_are_text_not_binary(encoding: str) -> None:
-    text = _xhtml(WORDS, declaration="UTF-16" if "16" in encoding else "UTF-32", meta=None)
+    text = xhtml_page(WORDS, declaration="UTF-16" if "16" in encoding else "UTF-32", meta=None)
     assert detect(text.encode(encoding), "page.html") == FileKind.HTML
     assert detect("A note in UTF-16.\n".encode("utf-16"), "note.txt") == FileKind.TEXT
