@@ -19,7 +19,23 @@ dev_key() {
       "$key" "${RAGLINE_TENANT:-default}" >"$KEYS")
     say "api: created a local development API key (admin, tenant ${RAGLINE_TENANT:-default}) in $KEYS"
   fi
-  say "api: development key: $(sed -n 's/.*"key": "\([^"]*\)".*/\1/p' "$KEYS" | head -1)"
+  local found
+  found=$(named_key "$KEYS" "local development" 2>/dev/null) || found=""
+  if [ -n "$found" ]; then
+    say "api: development key: $found"
+  else
+    say "api: $KEYS holds no key named 'local development'; use one of its keys"
+  fi
+}
+
+# named_key FILE NAME: the key of the entry called NAME in a keys file (JSON parsed, not grepped:
+# the file may hold several keys of several tenants, on one line or many).
+named_key() {
+  "$VENV/bin/python" - "$1" "$2" <<'PY'
+import json, sys
+entries = json.load(open(sys.argv[1]))
+print(next((e["key"] for e in entries if e.get("name") == sys.argv[2] and not e.get("revoked")), ""))
+PY
 }
 
 healthy() { curl -sf --max-time 2 "$URL/healthz" >/dev/null; }

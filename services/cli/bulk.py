@@ -22,7 +22,7 @@ from rich.console import Console
 from rich.live import Live
 from rich.table import Table
 
-from services.cli.remote import ApiError, Remote
+from services.cli.remote import ApiError, Remote, api_path
 from shared.models import safe_doc_id
 
 TERMINAL = {"ready", "failed", "deleted"}
@@ -75,7 +75,7 @@ def _upload(
 ) -> dict[str, Any]:
     with file.open("rb") as handle:
         body = remote.post(
-            f"/v1/kbs/{kb}/documents",
+            api_path("kbs", kb, "documents"),
             files=[("files", (file.name, handle, "application/octet-stream"))],
             data={
                 "doc_id": doc_id,
@@ -87,7 +87,7 @@ def _upload(
     return dict(body["documents"][0])
 
 
-def _render(report: LoadReport, started: float) -> Table:
+def _render(report: LoadReport, started: float, chunks_before: int) -> Table:
     elapsed = max(time.monotonic() - started, 1e-6)
     done = sum(report.statuses.get(s, 0) for s in TERMINAL) + report.outcomes.get("unchanged", 0)
     rate = done / elapsed
@@ -98,14 +98,15 @@ def _render(report: LoadReport, started: float) -> Table:
     table.add_row("uploaded", f"{report.uploaded} (throttled {report.throttled}x)")
     table.add_row("outcomes", ", ".join(f"{k} {v}" for k, v in sorted(report.outcomes.items())) or "-")
     table.add_row("documents", ", ".join(f"{k} {v}" for k, v in sorted(report.statuses.items())) or "-")
-    table.add_row("throughput", f"{rate:.1f} docs/s, {report.chunks / elapsed:.1f} chunks/s, ETA {eta}")
+    chunk_rate = (report.chunks - chunks_before) / elapsed
+    table.add_row("throughput", f"{rate:.1f} docs/s, {chunk_rate:.1f} chunks/s, ETA {eta}")
     return table
 
 
 def _poll(remote: Remote, report: LoadReport) -> bool:
     """Refresh the counts from the batch; True when every document of it is terminal."""
     try:
-        batch = remote.get(f"/v1/batches/{report.batch_id}")
+        batch = remote.get(api_path("batches", report.batch_id))
     except ApiError as error:
         if error.code == "NOT_FOUND":
             # Either nothing of this run was new, or the registry has not shown the batch yet
@@ -115,6 +116,48 @@ def _poll(remote: Remote, report: LoadReport) -> bool:
     report.statuses = Counter(batch["counts"])
     report.failures = batch["failures"]
     return bool(batch["done"]) and batch["total"] >= report.uploaded - report.outcomes.get("unchanged", 0)
+
+
+class _Progress:
+    """What a load shows as it goes: a live table on a terminal, else a JSON line every few seconds.
+
+    Both carry the counts as of now: the elapsed seconds, and the knowledge base's chunk count,
+    read again every few seconds (the table's chunk rate counts only chunks added since the start).
+    """
+
+    def __init__(self, remote: Remote, kb: str, report: LoadReport, console: Console) -> None:
+        self.remote, self.kb, self.report, self.console = remote, kb, report, console
+        self.started = time.monotonic()
+        self.chunks_before = report.chunks = _chunks(remote, kb, report)
+        self.last_plain = self.last_count = 0.0
+        self.live = (
+            Live(self._table(), console=console, refresh_per_second=4) if console.is_terminal else None
+        )
+        if self.live is not None:
+            self.live.start()
+
+    def _table(self) -> Table:
+        return _render(self.report, self.started, self.chunks_before)
+
+    def show(self, force: bool = False) -> None:
+        report = self.report
+        report.throttled = self.remote.throttled
+        report.seconds = time.monotonic() - self.started
+        if force or time.monotonic() - self.last_count >= PLAIN_EVERY_S:
+            self.last_count = time.monotonic()
+            report.chunks = _chunks(self.remote, self.kb, report)
+        if self.live is not None:
+            self.live.update(self._table())
+        elif not self.console.quiet and (force or time.monotonic() - self.last_plain >= PLAIN_EVERY_S):
+            self.last_plain = time.monotonic()
+            print(
+                json.dumps({"progress": report.as_dict() | {"failures": len(report.failures)}}),
+                file=sys.stderr,
+            )
+
+    def stop(self) -> None:
+        if self.live is not None:
+            self.live.stop()
 
 
 def load(
@@ -128,26 +171,7 @@ def load(
     console: Console,
 ) -> LoadReport:
     report = LoadReport(batch_id=uuid.uuid4().hex, scanned=len(files))
-    started = time.monotonic()
-    live = (
-        Live(_render(report, started), console=console, refresh_per_second=4) if console.is_terminal else None
-    )
-    last_plain = 0.0
-
-    def show(force: bool = False) -> None:
-        nonlocal last_plain
-        report.throttled = remote.throttled
-        if live is not None:
-            live.update(_render(report, started))
-        elif not console.quiet and (force or time.monotonic() - last_plain >= PLAIN_EVERY_S):
-            last_plain = time.monotonic()
-            print(
-                json.dumps({"progress": report.as_dict() | {"failures": len(report.failures)}}),
-                file=sys.stderr,
-            )
-
-    if live is not None:
-        live.start()
+    progress = _Progress(remote, kb, report, console)
     unfinished: list[str] = []
     try:
         with ThreadPoolExecutor(max_workers=concurrency) as pool:
@@ -170,10 +194,10 @@ def load(
                 if time.monotonic() - last_poll > 1.0:
                     last_poll = time.monotonic()
                     _poll(remote, report)
-                show()
+                progress.show()
         rejected = list(report.failures)
         while wait and not _poll(remote, report):
-            show()
+            progress.show()
             time.sleep(1.0)
         earlier = _finish_earlier(remote, kb, unfinished) if wait else []
         for doc in earlier:
@@ -187,12 +211,9 @@ def load(
                 if d["status"] == "failed"
             ]
         )
-        report.chunks = _chunks(remote, kb, report)
-        report.seconds = time.monotonic() - started
-        show(force=True)
+        progress.show(force=True)  # the final counts: chunks and seconds as of now
     finally:
-        if live is not None:
-            live.stop()
+        progress.stop()
     return report
 
 
@@ -200,15 +221,16 @@ def _finish_earlier(remote: Remote, kb: str, doc_ids: list[str]) -> list[dict[st
     """Wait for documents an interrupted run had submitted (this run found them unchanged)."""
     done = []
     for doc_id in doc_ids:
-        while (doc := remote.get(f"/v1/kbs/{kb}/documents/{doc_id}"))["status"] not in TERMINAL:
+        while (doc := remote.get(api_path("kbs", kb, "documents", doc_id)))["status"] not in TERMINAL:
             time.sleep(1.0)
         done.append(doc)
     return done
 
 
 def _chunks(remote: Remote, kb: str, report: LoadReport) -> int:
+    """The knowledge base's chunk count now; the last one known if the API does not answer at once."""
     try:
-        return int(remote.get(f"/v1/kbs/{kb}")["chunk_count"])
+        return int(remote.get(api_path("kbs", kb), attempts=1)["chunk_count"])
     except ApiError:
         return report.chunks
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import sys
 import time
 from pathlib import Path
 from typing import Annotated, Any
@@ -12,15 +13,19 @@ from rich.console import Console
 from rich.table import Table
 
 from services.cli.bulk import load, summary_table, walk
-from services.cli.remote import ApiError, Remote, default_key, default_server
+from services.cli.remote import ApiError, Remote, api_path, default_key, default_server, is_local_stack
 from shared.config import ConfigError, get_settings
 
 Server = Annotated[
     str | None, typer.Option("--server", help="API URL (default: RAGLINE_SERVER or the local API).")
 ]
 ApiKey = Annotated[
-    str | None, typer.Option("--api-key", help="API key (default: RAGLINE_API_KEY or the local dev key).")
+    str | None,
+    typer.Option(
+        "--api-key", help="API key (default: RAGLINE_API_KEY; for the local stack only, its development key)."
+    ),
 ]
+Yes = Annotated[bool, typer.Option("--yes", "-y", help="Do not ask for confirmation.")]
 AsJson = Annotated[bool, typer.Option("--json", help="Print JSON instead of a table.")]
 
 kb_app = typer.Typer(help="Knowledge bases.", no_args_is_help=True)
@@ -29,23 +34,47 @@ batch_app = typer.Typer(help="Batches of uploads.", no_args_is_help=True)
 console = Console()
 
 
-def _remote(server: str | None, api_key: str | None) -> Remote:
+def _remote(server: str | None, api_key: str | None, *, patient: bool = False) -> Remote:
+    """A client of `server` (default: RAGLINE_SERVER or the local stack) with the key it may get."""
     try:
         settings = get_settings()
     except ConfigError as error:
         typer.echo(str(error), err=True)
         raise typer.Exit(2) from None
-    return Remote(server or default_server(settings), api_key or default_key(settings))
+    url = server or default_server(settings)
+    local = is_local_stack(url, settings)
+    hint = "; start the local stack with `make up`" if local else "; check --server or RAGLINE_SERVER"
+    return Remote(url, default_key(settings, url, api_key), patient=patient, unreachable_hint=hint)
 
 
 def _call(remote: Remote, method: str, path: str, **kwargs: Any) -> Any:
     try:
         return remote.request(method, path, **kwargs)
     except ApiError as error:
-        typer.echo(f"{error.code}: {error.message}", err=True)
+        typer.echo(_explain(remote, error), err=True)
         raise typer.Exit(1) from None
     finally:
         remote.close()
+
+
+def _explain(remote: Remote, error: ApiError) -> str:
+    """The one line a failed call prints; a refused request without a key says where keys come from."""
+    line = f"{error.code}: {error.message}"
+    if error.code == "AUTH_ERROR" and not remote.sends_key:
+        line += (
+            " (pass --api-key or set RAGLINE_API_KEY; the local development key goes only to the local stack)"
+        )
+    return line
+
+
+def _confirm(question: str, yes: bool) -> None:
+    """Ask before something is deleted; without a terminal to ask on, refuse unless --yes."""
+    if yes:
+        return
+    if not sys.stdin.isatty():
+        typer.echo(f"refused: {question} Pass --yes to confirm (no terminal to ask on).", err=True)
+        raise typer.Exit(2)
+    typer.confirm(question, abort=True)
 
 
 def _print(
@@ -76,33 +105,32 @@ def kb_create(
     body: dict[str, Any] = {"kb_id": kb_id, "name": name or kb_id, "description": description}
     if pii_policy:
         body["settings"] = {"pii_policy": pii_policy}
-    _print(_call(_remote(server, api_key), "POST", "/v1/kbs", json=body), True)
+    _print(_call(_remote(server, api_key), "POST", api_path("kbs"), json=body), True)
 
 
 @kb_app.command("list")
 def kb_list(server: Server = None, api_key: ApiKey = None, as_json: AsJson = False) -> None:
     """List knowledge bases with document and chunk counts."""
-    kbs = _call(_remote(server, api_key), "GET", "/v1/kbs")["knowledge_bases"]
+    kbs = _call(_remote(server, api_key), "GET", api_path("kbs"))["knowledge_bases"]
     _print(kbs, as_json, ["kb_id", "name", "document_count", "chunk_count", "description"], kbs)
 
 
 @kb_app.command("show")
 def kb_show(kb_id: str, server: Server = None, api_key: ApiKey = None) -> None:
     """Show one knowledge base."""
-    _print(_call(_remote(server, api_key), "GET", f"/v1/kbs/{kb_id}"), True)
+    _print(_call(_remote(server, api_key), "GET", api_path("kbs", kb_id)), True)
 
 
 @kb_app.command("delete")
 def kb_delete(
     kb_id: str,
-    yes: Annotated[bool, typer.Option("--yes", help="Do not ask.")] = False,
+    yes: Yes = False,
     server: Server = None,
     api_key: ApiKey = None,
 ) -> None:
-    """Delete a knowledge base with all its documents and chunks."""
-    if not yes:
-        typer.confirm(f"delete knowledge base '{kb_id}' and all its documents?", abort=True)
-    _call(_remote(server, api_key), "DELETE", f"/v1/kbs/{kb_id}")
+    """Delete a knowledge base with all its documents and chunks (asks first, unless --yes)."""
+    _confirm(f"Delete knowledge base {kb_id!r} and all its documents?", yes)
+    _call(_remote(server, api_key), "DELETE", api_path("kbs", kb_id))
     typer.echo(f"deleted {kb_id}")
 
 
@@ -115,10 +143,10 @@ def kb_reembed(
     api_key: ApiKey = None,
 ) -> None:
     """Re-embed a knowledge base with another model; searches keep answering throughout."""
-    view = _call(_remote(server, api_key), "POST", f"/v1/kbs/{kb_id}/reembed", json={"model": model})
+    view = _call(_remote(server, api_key), "POST", api_path("kbs", kb_id, "reembed"), json={"model": model})
     while wait and view.get("reembed") is not None:
         time.sleep(1.0)
-        view = _call(_remote(server, api_key), "GET", f"/v1/kbs/{kb_id}")
+        view = _call(_remote(server, api_key), "GET", api_path("kbs", kb_id))
     _print(view, True)
     if wait and view.get("embedding_model") != model:
         typer.echo(f"reembed failed: {view.get('reembed_error')}", err=True)
@@ -130,7 +158,7 @@ def doc_status(
     kb: Annotated[str, typer.Option("--kb")], doc_id: str, server: Server = None, api_key: ApiKey = None
 ) -> None:
     """A document's status object."""
-    _print(_call(_remote(server, api_key), "GET", f"/v1/kbs/{kb}/documents/{doc_id}"), True)
+    _print(_call(_remote(server, api_key), "GET", api_path("kbs", kb, "documents", doc_id)), True)
 
 
 @doc_app.command("list")
@@ -149,7 +177,7 @@ def doc_list(
         **({"status": status} if status else {}),
         **({"cursor": cursor} if cursor else {}),
     }
-    page = _call(_remote(server, api_key), "GET", f"/v1/kbs/{kb}/documents", params=params)
+    page = _call(_remote(server, api_key), "GET", api_path("kbs", kb, "documents"), params=params)
     _print(page, as_json, ["doc_id", "status", "chunk_count", "updated_at"], page["documents"])
     if not as_json and page["next_cursor"]:
         typer.echo(f"next page: --cursor {page['next_cursor']}")
@@ -157,16 +185,21 @@ def doc_list(
 
 @doc_app.command("delete")
 def doc_delete(
-    kb: Annotated[str, typer.Option("--kb")], doc_id: str, server: Server = None, api_key: ApiKey = None
+    kb: Annotated[str, typer.Option("--kb")],
+    doc_id: str,
+    yes: Yes = False,
+    server: Server = None,
+    api_key: ApiKey = None,
 ) -> None:
-    """Delete a document."""
-    _print(_call(_remote(server, api_key), "DELETE", f"/v1/kbs/{kb}/documents/{doc_id}"), True)
+    """Delete a document with its chunks (asks first, unless --yes)."""
+    _confirm(f"Delete document {doc_id!r} of knowledge base {kb!r}?", yes)
+    _print(_call(_remote(server, api_key), "DELETE", api_path("kbs", kb, "documents", doc_id)), True)
 
 
 @batch_app.command("status")
 def batch_status(batch_id: str, server: Server = None, api_key: ApiKey = None) -> None:
     """Counts per status and failures of a batch."""
-    _print(_call(_remote(server, api_key), "GET", f"/v1/batches/{batch_id}"), True)
+    _print(_call(_remote(server, api_key), "GET", api_path("batches", batch_id)), True)
 
 
 def search(
@@ -180,7 +213,7 @@ def search(
 ) -> None:
     """Search knowledge bases."""
     body: dict[str, Any] = {"query": query, "top_k": top_k, "mode": mode, **({"kb_ids": kb} if kb else {})}
-    result = _call(_remote(server, api_key), "POST", "/v1/search", json=body)
+    result = _call(_remote(server, api_key), "POST", api_path("search"), json=body)
     rows = [
         {**h, "text": " ".join(h["text"].split())[:100], "score": f"{h['score']:.4f}"}
         for h in result["results"]
@@ -212,9 +245,9 @@ def ingest(
     except FileNotFoundError as error:
         typer.echo(f"NOT_FOUND: no such file or folder: {error}", err=True)
         raise typer.Exit(2) from None
-    remote = _remote(server, api_key)
+    remote = _remote(server, api_key, patient=True)
     try:
-        remote.get(f"/v1/kbs/{kb}")
+        remote.get(api_path("kbs", kb))
         report = load(
             remote,
             kb,
@@ -225,7 +258,7 @@ def ingest(
             console=Console(stderr=True),
         )
     except ApiError as error:
-        typer.echo(f"{error.code}: {error.message}", err=True)
+        typer.echo(_explain(remote, error), err=True)
         raise typer.Exit(1) from None
     finally:
         remote.close()
