@@ -143,14 +143,9 @@ def serve(
 @app.command()
 def mcp() -> None:
     """Run the MCP server over stdio, as the configured tenant (RAGLINE_TENANT)."""
-    from services.api.auth import Principal, Role
-    from services.api.state import build_state, prepare_indexes
-    from services.mcp.server import build_mcp
+    from services.mcp.stdio import serve_stdio
 
-    settings = _settings()
-    state = build_state(settings, http=False)
-    prepare_indexes(state)
-    build_mcp(state, stdio_principal=Principal(settings.tenant, Role.ADMIN, "stdio")).run(transport="stdio")
+    serve_stdio(_settings())
 
 
 @app.command()

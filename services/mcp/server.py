@@ -25,6 +25,7 @@ from starlette.concurrency import run_in_threadpool
 
 from services.api.auth import Principal, Role, require
 from services.api.state import AppState
+from services.mcp.outage import outage_message, unreachable
 from services.mcp.output_schema import client_schema, structured
 from shared.catalog import BatchView, DocumentPage, DocumentStatus, DocumentText, KbView
 from shared.errors import ErrorCode, RaglineError
@@ -105,6 +106,8 @@ def _error_result(cause: BaseException) -> CallToolResult:
         text = f"{ErrorCode.INVALID_ARGUMENT.value}: {problems}"
     elif isinstance(cause, ToolError):
         text = f"{ErrorCode.INVALID_ARGUMENT.value}: {cause}"
+    elif (down := unreachable(cause)) is not None:
+        text = f"{ErrorCode.UNAVAILABLE.value}: {outage_message(down)}"
     else:
         log.error("tool failed: %s", type(cause).__name__, exc_info=cause)
         text = f"{ErrorCode.INTERNAL.value}: internal error"
