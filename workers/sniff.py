@@ -112,8 +112,17 @@ def _looks_like_csv(text: str) -> bool:
     return len(widths) == 1 and widths.pop() > 1
 
 
-def _markup_kind(stripped: str) -> FileKind | None:
-    """HTML or XML, judged from the start of the text after its prolog; None for other text."""
+def _ends_as_markup(text: str, whole: bool) -> bool:
+    """Whether the text ends with a tag, as XML does; a text that only opens with one (asciidoc's
+    `<refspec>::` list items) does not. Unknown for a file's head: taken as yes."""
+    return not whole or text.rstrip().endswith(">")
+
+
+def _markup_kind(stripped: str, whole: bool) -> FileKind | None:
+    """HTML or XML, judged from the start of the text after its prolog; None for other text.
+
+    `whole`: `stripped` is the whole file, so its end can be judged too.
+    """
     markup = stripped[:_SAMPLE]
     markup = markup[prolog_end(markup) :].lstrip()
     if _HTML_START.match(markup):
@@ -123,7 +132,7 @@ def _markup_kind(stripped: str) -> FileKind | None:
     declared_xml = stripped.startswith("<?xml")
     if _HTML_FRAGMENT_START.match(markup) and not declared_xml:
         return FileKind.HTML
-    if declared_xml or _XML_START.match(markup):
+    if declared_xml or (_XML_START.match(markup) and _ends_as_markup(stripped, whole)):
         return FileKind.XML
     return None
 
@@ -149,7 +158,8 @@ def detect(data: bytes, filename: str | None, path: Path | None = None) -> FileK
     name = (filename or "").lower()
     if _EMAIL_HEADER.match(sample) and len(_EMAIL_HEADER.findall(sample[:4096])) >= 2:
         return FileKind.EML
-    markup_kind = _markup_kind(stripped)
+    whole = path is None or path.stat().st_size == len(data)
+    markup_kind = _markup_kind(stripped, whole)
     if markup_kind is not None:
         return markup_kind
     if stripped[:1] in "[{":

@@ -117,3 +117,13 @@ def test_the_text_limit_counts_the_attachments(tmp_path: Path) -> None:
     with pytest.raises(PermanentError) as refused:
         _parsed(tmp_path, data, limits)
     assert refused.value.code == ErrorCode.TOO_LARGE
+
+
+def test_a_mail_whose_body_is_another_text_type_keeps_its_body(tmp_path: Path) -> None:
+    # git-doc's howto/*.txt are mails of Content-type: text/asciidoc; unstructured found no body.
+    mail = (
+        b"From: Junio C Hamano <gitster@pobox.com>\nDate: Wed, 21 Nov 2007 16:32:55 -0800\n"
+        b"Subject: Maintaining Git\nContent-type: text/asciidoc\n\nHow to maintain Git\n"
+        b"===================\n\nThe maintainer's life is a busy one.\n"
+    )
+    assert "The maintainer's life is a busy one." in _texts(_parsed(tmp_path, mail))

@@ -141,3 +141,21 @@ def test_wide_encodings_are_text_not_binary(encoding: str) -> None:
     text = xhtml_page(WORDS, declaration="UTF-16" if "16" in encoding else "UTF-32", meta=None)
     assert detect(text.encode(encoding), "page.html") == FileKind.HTML
     assert detect("A note in UTF-16.\n".encode("utf-16"), "note.txt") == FileKind.TEXT
+
+
+def test_content_after_the_closing_html_tag_is_read(tmp_path: Path) -> None:
+    # groff's grohtml closes body and html first, then writes the page.
+    page = (
+        b'<!DOCTYPE html PUBLIC "-//W3C//DTD HTML 4.01 Transitional//EN">\n<html><head><title>Home of'
+        b' Groff</title></head>\n<body bgcolor="#FFFFFF">\n\n</body>\n</html>\n\n<p>Groff is the GNU'
+        b" implementation of troff.</p>\n<hr>\n"
+    )
+    assert "Groff is the GNU implementation of troff." in _parsed_text(tmp_path, page)[1]
+
+
+def test_asciidoc_text_opening_with_a_tag_is_text(tmp_path: Path) -> None:
+    # git-doc's pull-fetch-param.txt: an asciidoc list whose first term is <refspec>.
+    text = b"<repository>::\n\tThe remote repository that is the source of a fetch.\n\nendif::git-pull[]\n"
+    kind, texts = _parsed_text(tmp_path, text, "pull-fetch-param.txt")
+    assert kind == FileKind.TEXT.value
+    assert any("The remote repository" in t for t in texts)

