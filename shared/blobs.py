@@ -2,22 +2,35 @@
 
 A blob is written to a temporary file, flushed to disk and renamed into place, so a reader
 never sees a partial blob and an accepted document survives a crash right after submit returns.
+
+Blobs are shared: the same bytes in two documents (or knowledge bases) are one blob. One is
+removed only when no live record needs it (shared/erasure.py decides), under a lock that a
+submit holds, shared, from storing the bytes until its record is written (`pinned`): a delete
+can neither remove bytes that a record about to be written needs, nor miss that record.
 """
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import hashlib
 import json
 import os
 import tempfile
-from collections.abc import Iterable
+import time
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from shared.errors import ErrorCode, RaglineError
+from shared.errors import ErrorCode, RaglineError, TransientError
+from shared.models import PIPELINE
 
 _CHUNK = 1 << 20
+# A pin lasts one registry write, a removal one registry search: waiting longer means something
+# is stuck, and the caller is told to retry rather than wait without end.
+_LOCK_WAIT_S = 30.0
+_LOCK_POLL_S = 0.01
 
 
 @dataclass(frozen=True)
@@ -31,6 +44,20 @@ class BlobTooLarge(RaglineError):
     code = ErrorCode.TOO_LARGE
 
 
+def artifact_key(tenant_id: str, kb_id: str, doc_id: str, version: int, stage: str) -> str:
+    """The key of what `stage` handed on for one version of a document."""
+    return f"{tenant_id}/{kb_id}/{doc_id}/v{version}/{stage}"
+
+
+def version_artifact_keys(tenant_id: str, kb_id: str, doc_id: str, versions: Iterable[int]) -> list[str]:
+    """The keys of every stage's artifact of these versions of a document."""
+    return [
+        artifact_key(tenant_id, kb_id, doc_id, version, stage.value)
+        for version in versions
+        for stage in PIPELINE
+    ]
+
+
 class BlobStore:
     """Blobs under `root/blobs/ab/cd/<sha256>`, artifacts under `root/artifacts/<key>.json`."""
 
@@ -39,7 +66,8 @@ class BlobStore:
         self._blobs = root / "blobs"
         self._artifacts = root / "artifacts"
         self._tmp = root / "tmp"
-        for directory in (self._blobs, self._artifacts, self._tmp):
+        self._locks = root / "locks"
+        for directory in (self._blobs, self._artifacts, self._tmp, self._locks):
             directory.mkdir(parents=True, exist_ok=True)
 
     def path_of(self, sha256: str) -> Path:
@@ -81,6 +109,40 @@ class BlobStore:
     def read(self, sha256: str) -> bytes:
         return self.path_of(sha256).read_bytes()
 
+    @contextlib.contextmanager
+    def _locked(self, sha256: str, mode: int) -> Iterator[None]:
+        """A lock on the blob's stripe (its first byte), across processes; closing releases it."""
+        self.path_of(sha256)  # a digest, never a path
+        fd = os.open(self._locks / f"{sha256[:2]}.lock", os.O_RDWR | os.O_CREAT, 0o600)
+        try:
+            deadline = time.monotonic() + _LOCK_WAIT_S
+            while True:
+                try:
+                    fcntl.flock(fd, mode | fcntl.LOCK_NB)
+                    break
+                except BlockingIOError:
+                    if time.monotonic() > deadline:
+                        raise TransientError("the blob store is busy; retry shortly") from None
+                    time.sleep(_LOCK_POLL_S)
+            yield
+        finally:
+            os.close(fd)
+
+    def pinned(self, sha256: str) -> contextlib.AbstractContextManager[None]:
+        """Hold the blob against removal (shared: many pins of one blob go together)."""
+        return self._locked(sha256, fcntl.LOCK_SH)
+
+    def remove_unless(self, sha256: str, needed: Callable[[], bool]) -> bool:
+        """Remove the blob unless `needed()` says a live record needs it, asked with no pin held:
+        a submit either wrote its record before (and `needed` sees it) or stores the bytes again
+        after. Returns whether the blob is gone."""
+        with self._locked(sha256, fcntl.LOCK_EX):
+            if needed():
+                return False
+            # Its fan-out directories stay: a put may be about to rename another blob into them.
+            self.path_of(sha256).unlink(missing_ok=True)
+            return True
+
     def _artifact_path(self, key: str) -> Path:
         name = hashlib.sha256(key.encode()).hexdigest()
         return self._artifacts / name[:2] / f"{name}.json"
@@ -90,9 +152,12 @@ class BlobStore:
         path = self._artifact_path(key)
         path.parent.mkdir(parents=True, exist_ok=True)
         fd, tmp_name = tempfile.mkstemp(dir=self._tmp)
-        with os.fdopen(fd, "w", encoding="utf-8") as out:
-            json.dump(value, out, ensure_ascii=False)
-        os.replace(tmp_name, path)
+        try:
+            with os.fdopen(fd, "w", encoding="utf-8") as out:
+                json.dump(value, out, ensure_ascii=False)
+            os.replace(tmp_name, path)
+        finally:
+            Path(tmp_name).unlink(missing_ok=True)  # a failed write leaves no half of the text behind
 
     def get_artifact(self, key: str) -> Any:
         path = self._artifact_path(key)

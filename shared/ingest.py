@@ -16,16 +16,14 @@ from typing import Any
 import redis
 from celery import Celery
 
-from shared import fairqueue, tracing
+from shared import erasure, fairqueue, tracing
 from shared.admission import Admission, Admitter
 from shared.blobs import BlobStore
 from shared.config import Settings
-from shared.errors import ErrorCode, RaglineError
+from shared.errors import ErrorCode, RaglineError, TransientError
 from shared.models import DocStatus, Document, Outcome, Stage, check_doc_id, safe_doc_id, utcnow
 from shared.queue import enqueue, stage_queue
 from shared.registry import Conflict, Registry, Versioned
-from shared.search.chunks import delete_generations
-from shared.search.placement import write_aliases
 
 log = logging.getLogger(__name__)
 
@@ -173,7 +171,7 @@ class Ingestor:
         final_id = upload.doc_id or safe_doc_id(upload.filename or f"doc-{blob.sha256[:16]}")
         for _ in range(5):
             try:
-                return self._register(
+                return self._register_pinned(
                     tenant_id,
                     kb_id,
                     final_id,
@@ -285,7 +283,8 @@ class Ingestor:
         raise RaglineError(f"document '{doc_id}' is being changed concurrently", code=ErrorCode.CONFLICT)
 
     def delete(self, tenant_id: str, kb_id: str, doc_id: str) -> Document:
-        """Remove a document's chunks from both search paths and mark it `deleted`.
+        """Remove a document's chunks from both search paths, its stage artifacts and the bytes no
+        other live record needs (shared/erasure.py), and mark it `deleted`.
 
         The content version is bumped first, so any stage still running for the document finds
         itself superseded and writes nothing.
@@ -310,19 +309,23 @@ class Ingestor:
                 continue
         else:
             raise RaglineError(f"document '{doc_id}' is being changed concurrently", code=ErrorCode.CONFLICT)
-        aliases = write_aliases(self.client, self.settings, tenant_id, kb_id)
-        delete_generations(self.client, aliases, tenant_id, kb_id, doc_id, keep=None)
-        done = deleting.doc.model_copy(deep=True)
-        done.status = DocStatus.DELETED
-        done.active_generation = None
-        done.chunk_count = 0
-        done.lease_until = None
-        done.transitions = [
-            *done.transitions,
-            {"status": DocStatus.DELETED.value, "at": utcnow().isoformat()},
-        ]
-        self.registry.replace_doc(deleting, done)
-        return done
+        return erasure.finish_delete(self.settings, self.registry, self.client, self.blobs, deleting)
+
+    def _register_pinned(
+        self, tenant_id: str, kb_id: str, doc_id: str, sha256: str, *rest: Any
+    ) -> SubmitResult:
+        """`_register`, the bytes pinned until the record is written (a delete that shares them
+        removes them before or not at all); then the bytes of the version it replaced go, unless
+        another record still needs them."""
+        before = self.registry.get_doc(tenant_id, kb_id, doc_id)
+        with self.blobs.pinned(sha256):
+            if not self.blobs.exists(sha256):  # a delete of the same bytes removed them just now
+                raise TransientError("the upload met a delete of the same content; send it again")
+            result = self._register(tenant_id, kb_id, doc_id, sha256, *rest)
+        replaced = before.doc.content_hash if before is not None else None
+        if result.outcome != Outcome.UNCHANGED and replaced not in (None, sha256):
+            erasure.release_blob(self.registry, self.blobs, replaced)
+        return result
 
     def _start(self, stored: Versioned) -> None:
         doc = stored.doc

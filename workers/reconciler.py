@@ -9,6 +9,8 @@ document is sent again at once. Duplicate sends are harmless: stage tasks are fe
 A worker that stopped beating (workers/liveness.py) takes its reserved tasks with it, so its
 death also sends every unfinished document again. A document is never failed for waiting;
 after too many starts of one stage the claim logic fails it with RETRIES_EXHAUSTED.
+A delete that stopped half way (its process died) leaves the record `deleting`, its lease run
+out: the reconciler finishes it (shared/erasure.py), chunks, artifacts and bytes.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ import logging
 from typing import Any
 
 from shared import fairqueue
+from shared.erasure import finish_delete
 from shared.ingest import QUEUE_LEASE, STAGE_TASK, StageRef
 from shared.models import DocStatus, Document, Stage, utcnow
 from shared.queue import enqueue, stage_queue
@@ -69,14 +72,46 @@ def _why(broker_lost: bool, dead: list[str]) -> str:
     return f" (workers died: {', '.join(dead)})" if dead else ""
 
 
+def finish_deletes(ctx: WorkerContext) -> int:
+    """Finish every delete whose lease ran out (its process died half way); returns how many."""
+    expired = [
+        {"term": {"status": DocStatus.DELETING.value}},
+        {"range": {"lease_until": {"lt": utcnow().isoformat()}}},
+    ]
+    finished = 0
+    for hit in ctx.registry.search_docs({"bool": {"filter": expired}}, size=PAGE, sort=ORDER):
+        found = Versioned(Document.model_validate(hit["_source"]), hit["_seq_no"], hit["_primary_term"])
+        found.doc.lease_until = utcnow() + QUEUE_LEASE
+        try:
+            claimed = ctx.registry.replace_doc(found, found.doc)  # one reconciler finishes each
+        except Conflict:
+            continue
+        try:
+            finish_delete(ctx.settings, ctx.registry, ctx.client, ctx.blobs, claimed)
+        except Exception as error:  # noqa: BLE001  (one delete never stops the resends; its lease brings it back)
+            log.warning(
+                "reconciler: finishing the delete of %s/%s failed (%s)",
+                claimed.doc.kb_id,
+                claimed.doc.doc_id,
+                type(error).__name__,
+            )
+            continue
+        finished += 1
+    if finished:
+        log.warning("reconciler: finished %d interrupted deletes", finished)
+    return finished
+
+
 def reconcile_once(ctx: WorkerContext) -> int:
-    """Send again every unfinished document whose lease expired (all of them if the broker lost its data)."""
+    """Send again every unfinished document whose lease expired (all of them if the broker lost its
+    data), and finish interrupted deletes; returns how many documents were sent."""
     broker_lost = bool(ctx.redis.set(EPOCH_KEY, utcnow().isoformat(), nx=True))
     dead = liveness.forget_dead(ctx.redis, DEAD_AFTER_INTERVALS * ctx.settings.celery.reconcile_interval_s)
     filters: list[dict[str, Any]] = [{"terms": {"status": ACTIVE}}]
     if not (broker_lost or dead):
         filters.append({"range": {"lease_until": {"lt": utcnow().isoformat()}}})
     ctx.client.indices.refresh(index=ctx.registry.docs)
+    finish_deletes(ctx)  # more than a page of them waits for the next round
     sent = 0
     after: list[Any] | None = None
     while True:

@@ -38,7 +38,7 @@ from opensearchpy.exceptions import ConnectionError as OpenSearchConnectionError
 from opensearchpy.exceptions import TransportError
 from redis.exceptions import RedisError
 
-from shared import logs, tracing
+from shared import blobs, logs, tracing
 from shared.errors import ErrorCode, OutageError, RaglineError, TransientError
 from shared.ingest import QUEUE_LEASE, STAGE_TASK, StageRef, hand_to_reconciler
 from shared.models import PIPELINE, STAGE_STATUS, DocStatus, Document, ErrorInfo, Stage, utcnow
@@ -134,7 +134,16 @@ def _ref_fields(ref: StageRef) -> dict[str, Any]:
 
 
 def artifact_key(ref: StageRef, stage: Stage) -> str:
-    return f"{ref.tenant_id}/{ref.kb_id}/{ref.doc_id}/v{ref.content_version}/{stage.value}"
+    return blobs.artifact_key(ref.tenant_id, ref.kb_id, ref.doc_id, ref.content_version, stage.value)
+
+
+def _drop_artifacts(ctx: WorkerContext, ref: StageRef, *, older: bool = True) -> None:
+    """Remove what the stages of this version (and, with `older`, of every version before it)
+    handed on: the parsed text and the chunks before redaction among it. Kept by a version that
+    failed or was superseded, they were raw document text left in the blob store."""
+    first = 1 if older else ref.content_version
+    versions = range(first, ref.content_version + 1)
+    ctx.blobs.drop_artifacts(blobs.version_artifact_keys(ref.tenant_id, ref.kb_id, ref.doc_id, versions))
 
 
 def _status_before(stage: Stage) -> DocStatus:
@@ -181,6 +190,7 @@ def _claim(ctx: WorkerContext, ref: StageRef, attempt_limit: int) -> Versioned |
         )
         ctx.registry.replace_doc(current, doc)
         metrics.document_failed(ref.stage.value, ErrorCode.RETRIES_EXHAUSTED.value)
+        _drop_artifacts(ctx, ref)
         return None
     if doc.status != STAGE_STATUS[ref.stage]:
         _record(doc, STAGE_STATUS[ref.stage])
@@ -463,6 +473,7 @@ def _finish_failed(
             ctx.registry.replace_doc(current, current.doc)
             metrics.document_failed(ref.stage.value, error.code.value)
             log.warning("document %s/%s failed at %s: %s", ref.kb_id, ref.doc_id, ref.stage, error)
+            _drop_artifacts(ctx, ref)
             return
         except Conflict:
             current = None
@@ -509,7 +520,11 @@ def _advance(
     except Conflict:
         # Superseded while working (a new version or a delete). The newer state wins; the
         # artifacts written above belong to this version only and are never read by another.
+        # (A conflict within this version, a resend by the reconciler, leaves them to that run.)
         log.info("document %s/%s changed during %s; dropping this result", ref.kb_id, ref.doc_id, ref.stage)
+        now = ctx.registry.get_doc(ref.tenant_id, ref.kb_id, ref.doc_id)
+        if now is None or now.doc.content_version != ref.content_version:
+            _drop_artifacts(ctx, ref, older=False)
         return None
     except Exception as error:
         if nxt is not None and is_outage(error):
@@ -526,7 +541,7 @@ def _advance(
     if nxt is None:
         metrics.document_ready()
         log.info("document %s/%s ready: %d chunks", ref.kb_id, ref.doc_id, doc.chunk_count)
-        ctx.blobs.drop_artifacts(artifact_key(ref, stage) for stage in PIPELINE)
+        _drop_artifacts(ctx, ref)  # and those of versions superseded before they finished
         return None
     next_ref = StageRef(ref.tenant_id, ref.kb_id, ref.doc_id, ref.content_version, nxt)
     if chain:

@@ -1,0 +1,77 @@
+"""What a delete removes: every byte of a document that no other live version needs.
+
+A document leaves chunks in the search indexes, stage artifacts (the parsed text among them)
+and its uploaded bytes in the blob store. Deleting it removes all three; a record left in
+`deleting` (the process died half way) is finished by the reconciler the same way, since each
+step is idempotent. The bytes are content-addressed and shared by every record with the same
+hash, in any tenant: they go only when no live record (any status but `deleting` and `deleted`)
+has that hash.
+"""
+
+from __future__ import annotations
+
+import logging
+
+from opensearchpy import OpenSearch
+
+from shared.blobs import BlobStore, version_artifact_keys
+from shared.config import Settings
+from shared.models import DocStatus, Document, utcnow
+from shared.registry import Conflict, Registry, Versioned
+from shared.search.chunks import delete_generations
+from shared.search.placement import write_aliases
+
+log = logging.getLogger(__name__)
+
+_GONE = [DocStatus.DELETING.value, DocStatus.DELETED.value]
+
+
+def blob_needed(registry: Registry, sha256: str) -> bool:
+    """Whether a live record, in any tenant, has these bytes as its content."""
+    # A record written a moment ago is found by a search only once the index is refreshed.
+    registry.client.indices.refresh(index=registry.docs)
+    live = {
+        "bool": {"filter": [{"term": {"content_hash": sha256}}], "must_not": [{"terms": {"status": _GONE}}]}
+    }
+    hits = registry.search_docs(live, size=1, sort=["_doc"])
+    return bool(hits)
+
+
+def release_blob(registry: Registry, blobs: BlobStore, sha256: str) -> bool:
+    """Remove the blob unless a live record needs it; returns whether it is gone."""
+    return blobs.remove_unless(sha256, lambda: blob_needed(registry, sha256))
+
+
+def drop_artifacts(blobs: BlobStore, doc: Document) -> None:
+    """Every stage artifact of every version of the document up to its current one."""
+    versions = range(1, doc.content_version + 1)
+    blobs.drop_artifacts(version_artifact_keys(doc.tenant_id, doc.kb_id, doc.doc_id, versions))
+
+
+def finish_delete(
+    settings: Settings, registry: Registry, client: OpenSearch, blobs: BlobStore, deleting: Versioned
+) -> Document:
+    """Remove a `deleting` document's chunks, artifacts and bytes, then mark it `deleted`.
+
+    The record stays `deleting` until all of it is gone, so a crash on the way leaves it for the
+    reconciler. If the record moved on meanwhile (uploaded again), the newer state wins and is
+    returned; what was removed belonged to the deleted versions only.
+    """
+    doc = deleting.doc
+    aliases = write_aliases(client, settings, doc.tenant_id, doc.kb_id)
+    delete_generations(client, aliases, doc.tenant_id, doc.kb_id, doc.doc_id, keep=None)
+    drop_artifacts(blobs, doc)
+    release_blob(registry, blobs, doc.content_hash)
+    done = doc.model_copy(deep=True)
+    done.status = DocStatus.DELETED
+    done.active_generation = None
+    done.chunk_count = 0
+    done.claimed_by = None
+    done.lease_until = None
+    done.transitions = [*done.transitions, {"status": DocStatus.DELETED.value, "at": utcnow().isoformat()}]
+    try:
+        return registry.replace_doc(deleting, done).doc
+    except Conflict:
+        log.info("document %s/%s changed while it was deleted; the newer state stands", doc.kb_id, doc.doc_id)
+        current = registry.get_doc(doc.tenant_id, doc.kb_id, doc.doc_id)
+        return current.doc if current is not None else done
