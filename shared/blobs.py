@@ -111,9 +111,10 @@ class BlobStore:
 
     @contextlib.contextmanager
     def _locked(self, sha256: str, mode: int) -> Iterator[None]:
-        """A lock on the blob's stripe (its first byte), across processes; closing releases it."""
-        self.path_of(sha256)  # a digest, never a path
-        fd = os.open(self._locks / f"{sha256[:2]}.lock", os.O_RDWR | os.O_CREAT, 0o600)
+        """A lock on the blob's stripe (the blobs of its first byte), across processes; closing the
+        file releases it."""
+        stripe = self.path_of(sha256).parent.parent.name  # a digest, never a path
+        fd = os.open(self._locks / f"{stripe}.lock", os.O_RDWR | os.O_CREAT, 0o600)
         try:
             deadline = time.monotonic() + _LOCK_WAIT_S
             while True:
@@ -132,16 +133,20 @@ class BlobStore:
         """Hold the blob against removal (shared: many pins of one blob go together)."""
         return self._locked(sha256, fcntl.LOCK_SH)
 
-    def remove_unless(self, sha256: str, needed: Callable[[], bool]) -> bool:
-        """Remove the blob unless `needed()` says a live record needs it, asked with no pin held:
-        a submit either wrote its record before (and `needed` sees it) or stores the bytes again
-        after. Returns whether the blob is gone."""
-        with self._locked(sha256, fcntl.LOCK_EX):
-            if needed():
-                return False
-            # Its fan-out directories stay: a put may be about to rename another blob into them.
-            self.path_of(sha256).unlink(missing_ok=True)
-            return True
+    def remove_unused(self, sha256s: Iterable[str], needed: Callable[[list[str]], set[str]]) -> set[str]:
+        """Remove the blobs that `needed(blobs)` does not name as needed by a live record, asked
+        with no pin held on any of them: a submit either wrote its record before (and `needed`
+        sees it) or stores its bytes again after. Returns the blobs removed."""
+        wanted = sorted(set(sha256s))
+        with contextlib.ExitStack() as held:
+            # Stripe by stripe in one order, so two removals never wait on each other; pins never nest.
+            for first in {sha[:2]: sha for sha in wanted}.values():
+                held.enter_context(self._locked(first, fcntl.LOCK_EX))
+            unused = set(wanted) - needed(wanted) if wanted else set()
+            for sha in unused:
+                # Its fan-out directories stay: a put may be about to rename another blob into them.
+                self.path_of(sha).unlink(missing_ok=True)
+            return unused
 
     def _artifact_path(self, key: str) -> Path:
         name = hashlib.sha256(key.encode()).hexdigest()

@@ -11,6 +11,8 @@ has that hash.
 from __future__ import annotations
 
 import logging
+from collections.abc import Iterable
+from typing import Any
 
 from opensearchpy import OpenSearch
 
@@ -26,26 +28,75 @@ log = logging.getLogger(__name__)
 _GONE = [DocStatus.DELETING.value, DocStatus.DELETED.value]
 
 
-def blob_needed(registry: Registry, sha256: str) -> bool:
-    """Whether a live record, in any tenant, has these bytes as its content."""
+_BATCH = 500  # blobs checked in one search, under their stripes' locks
+
+
+def needed_blobs(registry: Registry, sha256s: list[str]) -> set[str]:
+    """Those of the blobs that a live record, in any tenant, has as its content."""
     # A record written a moment ago is found by a search only once the index is refreshed.
     registry.client.indices.refresh(index=registry.docs)
     live = {
-        "bool": {"filter": [{"term": {"content_hash": sha256}}], "must_not": [{"terms": {"status": _GONE}}]}
+        "bool": {
+            "filter": [{"terms": {"content_hash": sha256s}}],
+            "must_not": [{"terms": {"status": _GONE}}],
+        }
     }
-    hits = registry.search_docs(live, size=1, sort=["_doc"])
-    return bool(hits)
+    hashes = {"terms": {"field": "content_hash", "size": len(sha256s)}}
+    response = registry.client.search(
+        index=registry.docs, body={"size": 0, "query": live, "aggs": {"h": hashes}}
+    )
+    return {str(bucket["key"]) for bucket in response["aggregations"]["h"]["buckets"]}
+
+
+def release_blobs(registry: Registry, blobs: BlobStore, sha256s: Iterable[str]) -> set[str]:
+    """Remove the blobs no live record needs; returns those removed."""
+    wanted, removed = sorted(set(sha256s)), set()
+    for first in range(0, len(wanted), _BATCH):
+        batch = wanted[first : first + _BATCH]
+        removed |= blobs.remove_unused(batch, lambda shas: needed_blobs(registry, shas))
+    return removed
 
 
 def release_blob(registry: Registry, blobs: BlobStore, sha256: str) -> bool:
     """Remove the blob unless a live record needs it; returns whether it is gone."""
-    return blobs.remove_unless(sha256, lambda: blob_needed(registry, sha256))
+    return bool(release_blobs(registry, blobs, [sha256]))
 
 
 def drop_artifacts(blobs: BlobStore, doc: Document) -> None:
     """Every stage artifact of every version of the document up to its current one."""
     versions = range(1, doc.content_version + 1)
     blobs.drop_artifacts(version_artifact_keys(doc.tenant_id, doc.kb_id, doc.doc_id, versions))
+
+
+def kb_documents(registry: Registry, tenant_id: str, kb_id: str) -> list[Document]:
+    """Every record of a knowledge base, as much of each as erasing it needs."""
+    scope = {"bool": {"filter": [{"term": {"tenant_id": tenant_id}}, {"term": {"kb_id": kb_id}}]}}
+    fields = ["tenant_id", "kb_id", "doc_id", "content_version", "content_hash", "file_size"]
+    docs: list[Document] = []
+    after: list[Any] | None = None
+    registry.client.indices.refresh(index=registry.docs)  # those written a moment ago too
+    while True:
+        body: dict[str, Any] = {
+            "size": _BATCH,
+            "query": scope,
+            "sort": [{"doc_id": "asc"}],
+            "_source": fields,
+        }
+        if after is not None:
+            body["search_after"] = after
+        hits = registry.client.search(index=registry.docs, body=body)["hits"]["hits"]
+        docs += [Document.model_validate(hit["_source"]) for hit in hits]
+        if len(hits) < _BATCH:
+            return docs
+        after = hits[-1]["sort"]
+
+
+def forget_documents(registry: Registry, blobs: BlobStore, docs: list[Document]) -> None:
+    """After their records are gone (a knowledge base deleted): their artifacts, and their bytes
+    where no live record needs them."""
+    for doc in docs:
+        drop_artifacts(blobs, doc)
+    release_blobs(registry, blobs, [doc.content_hash for doc in docs])
 
 
 def finish_delete(
