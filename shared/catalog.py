@@ -8,7 +8,7 @@ from typing import Any
 
 from pydantic import BaseModel, Field
 
-from shared import fairqueue
+from shared import erasure, fairqueue
 from shared.config import Settings
 from shared.embedding import servable_models
 from shared.errors import ErrorCode, RaglineError
@@ -229,7 +229,8 @@ class Catalog:
         return self.get_kb(tenant_id, kb_id)
 
     def delete_kb(self, tenant_id: str, kb_id: str) -> None:
-        """Delete the KB, its documents' records and every chunk."""
+        """Delete the KB, its documents' records, every chunk, and their bytes in the blob store
+        (those no other live record shares)."""
         self.registry.get_kb(tenant_id, kb_id)
         scope = {"bool": {"filter": [{"term": {"tenant_id": tenant_id}}, {"term": {"kb_id": kb_id}}]}}
         self.client.delete_by_query(
@@ -238,9 +239,11 @@ class Catalog:
             refresh=True,
             conflicts="proceed",
         )
+        doomed = erasure.kb_documents(self.registry, tenant_id, kb_id)
         self.client.delete_by_query(
             index=self.registry.docs, body={"query": scope}, refresh=True, conflicts="proceed"
         )
+        erasure.forget_documents(self.registry, self.ingestor.blobs, doomed)  # artifacts, unshared bytes
         self.registry.delete_kb(tenant_id, kb_id)
         fairqueue.purge(self.ingestor.broker, tenant_id, kb_id)  # its waiting documents are gone
         # Indexes of its own (after a reembed) go too; the shared index only lost its chunks.

@@ -190,3 +190,25 @@ def test_an_interrupted_delete_is_finished_by_the_reconciler(
     assert chunks_of(opensearch, settings, kb, "half.md") == []
     assert not blobs.exists(ready.content_hash)
     assert blob_store_leaks(settings, wanted) == []
+
+
+def test_deleting_a_knowledge_base_removes_its_bytes_but_not_those_another_shares(
+    registry: Registry, ingestor: Ingestor, settings: Settings, catalog: Catalog, blobs: BlobStore
+) -> None:
+    own, own_wanted = _values()
+    shared, shared_wanted = _values()
+    kb, other = new_kb(registry), new_kb(registry)
+    ingestor.submit(kb.tenant_id, kb.kb_id, _markdown(own), filename="own.md")
+    ingestor.submit(kb.tenant_id, kb.kb_id, _markdown(shared), filename="shared.md")
+    ingestor.submit(other.tenant_id, other.kb_id, _markdown(shared), filename="shared.md")
+    assert all(
+        d.status == DocStatus.READY for d in wait_terminal(registry, kb, ["own.md", "shared.md"]).values()
+    )
+    assert wait_terminal(registry, other, ["shared.md"])["shared.md"].status == DocStatus.READY
+    sha = registry.require_doc(other.tenant_id, other.kb_id, "shared.md").doc.content_hash
+
+    catalog.delete_kb(kb.tenant_id, kb.kb_id)
+    assert blob_store_leaks(settings, own_wanted) == []
+    assert blobs.exists(sha)  # the other knowledge base's document still needs it
+    ingestor.delete(other.tenant_id, other.kb_id, "shared.md")
+    assert blob_store_leaks(settings, shared_wanted) == []
