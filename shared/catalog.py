@@ -27,6 +27,7 @@ from shared.search.placement import (
 
 TERMINAL = [DocStatus.READY.value, DocStatus.FAILED.value, DocStatus.DELETED.value]
 REEMBED_TASK = "ragline.reembed"
+DELETE_ROUNDS = 5  # delete_by_query passes over a KB's records while workers still write some
 
 
 class KbView(BaseModel):
@@ -232,6 +233,7 @@ class Catalog:
         """Delete the KB, its documents' records, every chunk, and their bytes in the blob store
         (those no other live record shares)."""
         self.registry.get_kb(tenant_id, kb_id)
+        fairqueue.purge(self.ingestor.broker, tenant_id, kb_id)  # its waiting documents go first
         scope = {"bool": {"filter": [{"term": {"tenant_id": tenant_id}}, {"term": {"kb_id": kb_id}}]}}
         self.client.delete_by_query(
             index=write_aliases(self.client, self.settings, tenant_id, kb_id),
@@ -240,18 +242,27 @@ class Catalog:
             conflicts="proceed",
         )
         doomed = erasure.kb_documents(self.registry, tenant_id, kb_id)
-        self.client.delete_by_query(
-            index=self.registry.docs, body={"query": scope}, refresh=True, conflicts="proceed"
-        )
+        self._delete_records(scope)
         erasure.forget_documents(self.registry, self.ingestor.blobs, doomed)  # artifacts, unshared bytes
         self.registry.delete_kb(tenant_id, kb_id)
-        fairqueue.purge(self.ingestor.broker, tenant_id, kb_id)  # its waiting documents are gone
         # Indexes of its own (after a reembed) go too; the shared index only lost its chunks.
         aliases = [kb_alias(self.settings, tenant_id, kb_id), next_alias(self.settings, tenant_id, kb_id)]
         self.client.indices.delete_alias(index="_all", name=",".join(aliases), ignore=[404])
         own = self.client.indices.get(index=kb_index_pattern(self.settings, tenant_id, kb_id))
         if own:
             self.client.indices.delete(index=",".join(own))
+
+    def _delete_records(self, scope: dict[str, Any]) -> None:
+        """Delete the KB's document records, those written just before (not yet searchable) and
+        those a worker was updating meanwhile (a version conflict skips them) included."""
+        for _ in range(DELETE_ROUNDS):
+            self.client.indices.refresh(index=self.registry.docs)
+            done = self.client.delete_by_query(
+                index=self.registry.docs, body={"query": scope}, refresh=True, conflicts="proceed"
+            )
+            if not done.get("version_conflicts"):
+                return
+        raise RaglineError("the knowledge base's documents are being changed; retry", code=ErrorCode.CONFLICT)
 
     def start_reembed(self, tenant_id: str, kb_id: str, model: str) -> KbView:
         """Mark the KB and hand the reembed to a worker (workers/reembed.py); CONFLICT if one runs."""

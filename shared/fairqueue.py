@@ -43,7 +43,7 @@ if not item then
   redis.call('DEL', KEYS[4])
   return false
 end
-redis.call('HINCRBY', KEYS[3], ARGV[1], -1)
+if redis.call('HINCRBY', KEYS[3], ARGV[1], -1) <= 0 then redis.call('HDEL', KEYS[3], ARGV[1]) end
 if redis.call('LLEN', KEYS[1]) == 0 then
   redis.call('SREM', KEYS[2], KEYS[1])
   redis.call('DEL', KEYS[4])
