@@ -18,6 +18,8 @@ import redis
 
 from shared import fairqueue
 from shared.config import Settings
+from shared.search.client import build_client
+from shared.search.schema import docs_index
 from tests.e2e.helpers import Server, error_text, http_session, start_server, stop_server, tenant_of
 
 pytestmark = [pytest.mark.e2e, pytest.mark.anyio]
@@ -68,9 +70,11 @@ def tight(
 
 
 @pytest.fixture
-def kb(tight: Server) -> Iterator[str]:
-    """A fresh KB of tenant a; deleting it afterwards also empties its lane."""
+def kb(tight: Server, settings: Settings, quiet_redis: redis.Redis) -> Iterator[str]:
+    """A fresh KB of tenant a. Deleting it afterwards empties its lane and removes every record, even
+    those written a moment before (no reconciler finds them later)."""
     kb_id = f"adm-{uuid.uuid4().hex[:8]}"
+    tenant = tenant_of(tight, "a_admin")
     with tight.client("a_admin") as api:
         created = api.post(
             "/v1/kbs", json={"kb_id": kb_id, "name": "admission", "settings": {"pii_policy": "off"}}
@@ -78,6 +82,11 @@ def kb(tight: Server) -> Iterator[str]:
         assert created.status_code == 201, created.text
         yield kb_id
         assert api.delete(f"/v1/kbs/{kb_id}").status_code == 204
+    client = build_client(settings.opensearch)
+    client.indices.refresh(index=docs_index(settings))
+    scope = {"bool": {"filter": [{"term": {"tenant_id": tenant}}, {"term": {"kb_id": kb_id}}]}}
+    assert client.count(index=docs_index(settings), body={"query": scope})["count"] == 0
+    assert fairqueue.pending(quiet_redis, tenant) == 0
 
 
 def _limited(response: httpx.Response) -> None:
