@@ -102,6 +102,7 @@ class RedisSettings(_Section):
     """The Redis instance used as Celery broker and cache."""
 
     url: str = Field("redis://127.0.0.1:6379/0", description="Redis URL (redis:// or rediss://).")
+    timeout_s: float = Field(5.0, gt=0, description="Bound on connecting to Redis and on each answer.")
 
     @field_validator("url")
     @classmethod

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import redis
 from celery import Celery
 from celery.result import AsyncResult
 
@@ -14,6 +15,16 @@ from shared.models import PIPELINE, Stage
 # How long a send waits for a pooled broker connection: past it the send fails (OperationalError,
 # which the ingest path hands to the reconciler) instead of holding its caller's thread forever.
 BROKER_POOL_WAIT_S = 10.0
+
+
+def redis_client(settings: Settings) -> redis.Redis:
+    """The Redis client of a process (fair lanes, caches, leases): every connect and answer bounded.
+
+    Without socket timeouts a stalled Redis holds the calling thread for good, and with it one of
+    the API's request threads.
+    """
+    bound = settings.redis.timeout_s
+    return redis.Redis.from_url(settings.redis.url, socket_timeout=bound, socket_connect_timeout=bound)
 
 
 def broker_client(settings: Settings) -> Celery:

@@ -12,7 +12,7 @@ from opensearchpy import OpenSearch
 
 from shared.blobs import BlobStore
 from shared.config import Settings, get_settings
-from shared.queue import broker_client
+from shared.queue import broker_client, redis_client
 from shared.registry import Registry
 from shared.search.client import build_client
 from shared.search.schema import ensure_indexes
@@ -39,7 +39,7 @@ def worker_context() -> WorkerContext:
         registry=Registry(client, settings),
         blobs=BlobStore(settings.state_dir / "blobstore"),
         sender=broker_client(settings),
-        redis=redis.Redis.from_url(settings.redis.url),
+        redis=redis_client(settings),
     )
 
 

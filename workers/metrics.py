@@ -21,12 +21,11 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from time import perf_counter
 
-import redis
 from prometheus_client import REGISTRY, CollectorRegistry, Counter, Histogram, start_http_server
 from prometheus_client.multiprocess import MultiProcessCollector
 
 from shared.config import Settings
-from shared.queue import all_queues
+from shared.queue import all_queues, redis_client
 from shared.queue_metrics import QueueDepthCollector
 
 log = logging.getLogger(__name__)
@@ -112,7 +111,7 @@ def scrape_registry(settings: Settings) -> CollectorRegistry:
         registry = REGISTRY
     registry.register(
         QueueDepthCollector(
-            redis.Redis.from_url(settings.redis.url),
+            redis_client(settings),
             all_queues(settings),
             tenant_labels=settings.metrics.tenant_labels,
         )

@@ -19,7 +19,7 @@ from shared.catalog import REEMBED_TASK
 from shared.config import get_settings
 from shared.ingest import STAGE_TASK, StageRef, hand_to_reconciler
 from shared.models import Stage
-from shared.queue import enqueue
+from shared.queue import enqueue, redis_client
 from workers import leader, liveness, metrics
 from workers.context import worker_context
 from workers.pipeline import STAGES
@@ -44,7 +44,7 @@ def _start_periodic_jobs(sender: Any = None, **_: Any) -> None:
     gets them (a round only fails and retries).
     """
     settings = get_settings()
-    broker = redis.Redis.from_url(settings.redis.url)
+    broker = redis_client(settings)
     me = f"{socket.gethostname()}:{os.getpid()}"
     celery = settings.celery
 

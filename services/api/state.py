@@ -13,7 +13,7 @@ from shared.blobs import BlobStore
 from shared.catalog import Catalog
 from shared.config import Settings
 from shared.ingest import Ingestor
-from shared.queue import broker_client
+from shared.queue import broker_client, redis_client
 from shared.registry import Registry
 from shared.search.client import build_client
 from shared.search.hybrid import Searcher, SearchRequest, SearchResponse
@@ -45,7 +45,7 @@ def build_state(settings: Settings, *, http: bool = True) -> AppState:
     client = build_client(settings.opensearch)
     registry = Registry(client, settings)
     sender = broker_client(settings)
-    broker = redis.Redis.from_url(settings.redis.url)
+    broker = redis_client(settings)
     ingestor = Ingestor(settings, registry, BlobStore(settings.state_dir / "blobstore"), sender, broker)
     return AppState(
         settings=settings,
