@@ -62,10 +62,10 @@ def reembed(ctx: WorkerContext, tenant_id: str, kb_id: str, model: str) -> dict[
         return {}
     target: str | None = None
     try:
-        model_encoder = encoder(for_model(ctx.settings.embedding, model))
         if model not in servable_models(ctx.settings.embedding):
             # The API refuses such a model; a task naming one was not sent by it.
             raise ModelUnavailable("the model is not one this server knows")
+        model_encoder = encoder(for_model(ctx.settings.embedding, model))
         current = resolve(ctx.client, ctx.settings, [(tenant_id, kb_id)])[(tenant_id, kb_id)]
         target = _target_index(ctx, kb, model, model_encoder.dimension)
         copied = _copy(ctx, kb, current.index, model_encoder)
