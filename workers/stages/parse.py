@@ -77,7 +77,6 @@ def prepare() -> None:
     tokenize._SPACY_MODEL_NAME = _OFFLINE_SPACY_MODEL  # type: ignore[misc]
     tokenize.sent_tokenize("Load the sentence model here. Forked parses then share it.")
     import pypdf  # noqa: F401
-    import pypdfium2  # type: ignore[import-untyped]  # noqa: F401
     import unstructured.partition.docx
     import unstructured.partition.email
     import unstructured.partition.html
@@ -152,7 +151,7 @@ def _pdf_labels(path: Path) -> list[str] | None:
 
 def _pdfium_text(path: Path) -> str:
     """The PDF's text layer, its pages separated by form feeds (as text_elements reads pages)."""
-    import pypdfium2 as pdfium
+    import pypdfium2 as pdfium  # type: ignore[import-untyped]
 
     document = pdfium.PdfDocument(str(path))
     try:
@@ -181,7 +180,8 @@ def _pdf(path: Path, ocr: bool) -> list[Element]:
     from unstructured.partition.pdf import partition_pdf
 
     labels = _pdf_labels(path)
-    if labels is not None and len(labels) > LONG_PDF_PAGES:
+    long = labels is not None and len(labels) > LONG_PDF_PAGES
+    if labels is not None and long:
         elements = _long_pdf(path, labels)
     else:
         elements = _from_unstructured(
@@ -190,7 +190,9 @@ def _pdf(path: Path, ocr: bool) -> list[Element]:
     pages_total = len(labels) if labels else None
     covered = {e["page_number"] for e in elements}
     missing = pages_total is not None and len(covered) < pages_total
-    if ocr and (not elements or missing):
+    # OCR runs over the whole file. A long PDF's pages without text are figures and blank pages,
+    # and OCRing all its pages would outlast the parse timeout: only one without any text is OCRed.
+    if ocr and (not elements or (missing and not long)):
         scanned = _from_unstructured(
             partition_pdf(filename=str(path), strategy="ocr_only", languages=LANGUAGES), labels
         )
