@@ -74,18 +74,16 @@ def decode(data: bytes, *, markup: bool = False, final: bool = True) -> str:
 
     `final=False` for a file's head: a character cut at its end is not taken for bad bytes.
     """
-    candidates = []
     marked = byte_order_encoding(data)
-    if marked is not None:
-        candidates.append(marked)
-    candidates.append("utf-8")
-    if markup:
-        candidates += declared_encodings(data)
-    candidates.append("cp1252")
-    for encoding in candidates:
+    for encoding in (marked, "utf-8") if marked is not None else ("utf-8",):
         text = _strict(data, encoding, final=final)
         if text is not None:
             return text.removeprefix("\ufeff")
+    # Declarations are read only for bytes that are not UTF-8: most text is.
+    for encoding in [*(declared_encodings(data) if markup else []), "cp1252"]:
+        text = _strict(data, encoding, final=final)
+        if text is not None:
+            return text
     return data.decode("latin-1")
 
 
