@@ -48,6 +48,7 @@ from shared.stage_metrics import record_stage
 from workers import metrics
 from workers.context import WorkerContext
 from workers.lease import LeaseKeeper
+from workers.sandbox import describe
 
 log = logging.getLogger(__name__)
 
@@ -356,6 +357,9 @@ def classify(ref: StageRef, error: Exception) -> RaglineError:
         return RaglineError(f"the {ref.stage} stage ran out of time", code=ErrorCode.TIMEOUT)
     if isinstance(error, TransportError) and is_outage(error):
         return OutageError(f"OpenSearch is unavailable or overloaded ({error.status_code})")
+    if is_outage(error) or isinstance(error, OSError):
+        # The document's status names the class only; the operator needs the cause.
+        log.warning("%s for %s/%s failed: %s", ref.stage, ref.kb_id, ref.doc_id, describe(error))
     if is_outage(error):
         return OutageError(f"a backing service is unavailable ({type(error).__name__})")
     if isinstance(error, OSError):
