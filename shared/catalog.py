@@ -13,7 +13,7 @@ from shared.config import Settings
 from shared.embedding import servable_models
 from shared.errors import ErrorCode, RaglineError
 from shared.ingest import Ingestor
-from shared.models import DocStatus, Document, KbSettings, KnowledgeBase, Reembed, check_pii_entities
+from shared.models import DocStatus, Document, KbSettings, KnowledgeBase, Reembed, check_pii_settings
 from shared.queue import enqueue
 from shared.registry import Registry
 from shared.search.placement import (
@@ -201,7 +201,7 @@ class Catalog:
         settings: KbSettings | None = None,
     ) -> KbView:
         if settings is not None:
-            check_pii_entities(settings.pii_entities)
+            check_pii_settings(settings.pii_policy, settings.pii_entities)
         kb = KnowledgeBase(
             tenant_id=tenant_id,
             kb_id=kb_id,
@@ -220,7 +220,7 @@ class Catalog:
         """Apply the changed fields to the current record (optimistic: a racing write, such as a
         reembed finishing, is read and kept; the fields are simply set again on it)."""
         if changes.settings is not None:
-            check_pii_entities(changes.settings.pii_entities)
+            check_pii_settings(changes.settings.pii_policy, changes.settings.pii_entities)
         fields = {name: value for name, value in changes if value is not None}
 
         def apply(kb: KnowledgeBase) -> KnowledgeBase:

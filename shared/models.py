@@ -137,6 +137,19 @@ def check_pii_entities(entities: list[str]) -> None:
         )
 
 
+def check_pii_settings(policy: PiiPolicy, entities: list[str]) -> None:
+    """`check_pii_entities`, and INVALID_ARGUMENT for no entities under a policy other than `off`:
+    nothing would be detected, so a KB set to redact (or block) would silently keep its PII."""
+    check_pii_entities(entities)
+    if not entities and policy != PiiPolicy.OFF:
+        raise RaglineError(
+            f"pii_entities is empty under pii_policy {policy.value!r}: nothing would be detected; "
+            "name the entities, or set pii_policy to 'off'",
+            code=ErrorCode.INVALID_ARGUMENT,
+            details={"field": "pii_entities"},
+        )
+
+
 class KbSettings(BaseModel):
     """Per-knowledge-base processing settings."""
 
@@ -235,7 +248,8 @@ def safe_doc_id(raw: str) -> str:
 def check_doc_id(doc_id: str) -> str:
     """An explicit document id as given, or INVALID_ARGUMENT: the one rule of every front.
 
-    Refused: control and bidirectional-formatting characters, a leading "/", empty, "." and ".."
+    Refused: control and bidirectional-formatting characters, leading or trailing whitespace
+    (a whitespace-only id too), a leading "/", empty, "." and ".."
     segments (in the id's URL they would address something else), and ids too long for the
     registry key. The message never repeats the id: it is caller content.
     """
@@ -244,6 +258,8 @@ def check_doc_id(doc_id: str) -> str:
         problem = "is empty"
     elif _DOC_ID_FORBIDDEN.search(doc_id):
         problem = "holds a control or bidirectional-formatting character"
+    elif doc_id != doc_id.strip():
+        problem = "starts or ends with whitespace (or is only whitespace)"
     elif len(doc_id) > DOC_ID_MAX_CHARS or len(doc_id.encode()) > DOC_ID_MAX_BYTES:
         problem = f"is longer than {DOC_ID_MAX_CHARS} characters or {DOC_ID_MAX_BYTES} UTF-8 bytes"
     elif {"", ".", ".."} & set(doc_id.replace("\\", "/").split("/")):

@@ -41,3 +41,19 @@ def test_unknown_entities_are_refused_at_create_and_update(server: Server) -> No
         assert fixed.status_code == 200, fixed.text
         assert fixed.json()["settings"]["pii_entities"] == ["PERSON", "IBAN_CODE"]
         assert client.delete(f"/v1/kbs/{kb_id}").status_code == 204
+
+
+def test_no_entities_under_redact_or_block_is_refused(server: Server) -> None:
+    kb_id = f"kb-{uuid.uuid4().hex[:8]}"
+    with server.client("a_admin") as client:
+        for policy in ("redact", "block"):
+            settings = {"pii_policy": policy, "pii_entities": []}
+            refused = client.post("/v1/kbs", json={"kb_id": kb_id, "name": kb_id, "settings": settings})
+            assert refused.status_code == 422, refused.text
+            assert refused.json()["code"] == "INVALID_ARGUMENT"
+        assert client.get(f"/v1/kbs/{kb_id}").status_code == 404
+        assert client.post("/v1/kbs", json={"kb_id": kb_id, "name": kb_id}).status_code == 201
+        emptied = client.patch(f"/v1/kbs/{kb_id}", json={"settings": {"pii_entities": []}})
+        assert emptied.status_code == 422, emptied.text
+        off = client.patch(f"/v1/kbs/{kb_id}", json={"settings": {"pii_policy": "off", "pii_entities": []}})
+        assert off.status_code == 200, off.text

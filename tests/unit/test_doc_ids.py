@@ -56,13 +56,18 @@ def test_no_hostile_name_gives_an_id_with_a_dot_segment(name: str) -> None:
         "x" * 201,
         "\u00e9" * 151,  # 151 characters, 302 UTF-8 bytes
         "",
+        " ",
+        "\t \u3000",
+        " leading.txt",
+        "trailing.txt ",
+        "\u00a0nbsp",
     ],
 )
 def test_explicit_ids_that_mislead_are_refused(doc_id: str) -> None:
     with pytest.raises(RaglineError) as refused:
         check_doc_id(doc_id)
     assert refused.value.code == ErrorCode.INVALID_ARGUMENT
-    assert doc_id not in refused.value.message or not doc_id  # caller content is never echoed
+    assert doc_id not in refused.value.message or not doc_id.strip()  # caller content is never echoed
 
 
 @pytest.mark.parametrize(

@@ -5,7 +5,13 @@ from __future__ import annotations
 import pytest
 
 from shared.errors import ErrorCode, RaglineError
-from shared.models import DEFAULT_PII_ENTITIES, SUPPORTED_PII_ENTITIES, check_pii_entities
+from shared.models import (
+    DEFAULT_PII_ENTITIES,
+    SUPPORTED_PII_ENTITIES,
+    PiiPolicy,
+    check_pii_entities,
+    check_pii_settings,
+)
 from workers.stages.pii import analyzer
 
 
@@ -46,3 +52,19 @@ def test_known_names_and_the_defaults_pass() -> None:
     check_pii_entities(list(SUPPORTED_PII_ENTITIES))
     check_pii_entities(list(DEFAULT_PII_ENTITIES))
     check_pii_entities([])
+
+
+@pytest.mark.parametrize("policy", [p for p in PiiPolicy if p != PiiPolicy.OFF])
+def test_no_entities_under_a_policy_that_acts_is_refused(policy: PiiPolicy) -> None:
+    # An empty list detects nothing: "redact" (or "block") would silently keep every PII value.
+    with pytest.raises(RaglineError) as raised:
+        check_pii_settings(policy, [])
+    assert raised.value.code == ErrorCode.INVALID_ARGUMENT
+    assert raised.value.details == {"field": "pii_entities"}
+
+
+def test_no_entities_with_pii_off_and_named_entities_pass() -> None:
+    check_pii_settings(PiiPolicy.OFF, [])
+    check_pii_settings(PiiPolicy.REDACT, ["EMAIL_ADDRESS"])
+    with pytest.raises(RaglineError):
+        check_pii_settings(PiiPolicy.OFF, ["EMAIL"])  # unknown names are refused under every policy
