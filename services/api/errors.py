@@ -70,7 +70,12 @@ def install(app: FastAPI) -> None:
     @app.exception_handler(HTTPException)
     async def _http(_: Request, error: HTTPException) -> JSONResponse:
         code = _HTTP_CODES.get(error.status_code, ErrorCode.INVALID_ARGUMENT)
-        return envelope(code, str(error.detail) if error.detail else code.value)
+        response = envelope(
+            code, str(error.detail) if error.detail else code.value, headers=dict(error.headers or {})
+        )
+        if error.status_code == 405:
+            response.status_code = 405  # a method the path does not take: 405 with its Allow header
+        return response
 
     @app.exception_handler(OpenSearchConnectionError)
     @app.exception_handler(RedisError)

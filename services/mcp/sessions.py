@@ -14,6 +14,7 @@ The SDK itself refuses (503) at its process-wide cap, for the same reason.
 
 from __future__ import annotations
 
+import re
 from collections import deque
 from typing import Any
 
@@ -23,6 +24,7 @@ from mcp.server.lowlevel.server import Server as MCPServer
 from mcp.server.streamable_http import StreamableHTTPServerTransport
 from mcp.server.transport_security import RequestBodyLimitMiddleware
 from starlette.datastructures import Headers
+from starlette.responses import JSONResponse
 from starlette.types import Message, Receive, Scope, Send
 
 from services.api.auth import Principal
@@ -44,10 +46,41 @@ def owner(principal: Principal) -> AuthenticatedUser:
     return AuthenticatedUser(token)
 
 
+# Deeper than any MCP message nests, and well inside the recursion the SDK's JSON parser has left.
+MAX_JSON_DEPTH = 128
+_STRING = re.compile(r'"[^"\\]*(?:\\.[^"\\]*)*"')
+_BRACKET = re.compile(r"[\[\]{}]")
+
+
+def unparseable(body: bytes) -> str | None:
+    """Why the SDK's parser would crash on `body` (not UTF-8, nested too deep), or None.
+
+    The SDK answers other malformed JSON with a JSON-RPC parse error itself; these two raise
+    past it (a 500 and a stack trace in the log).
+    """
+    try:
+        text = body.decode("utf-8")
+    except UnicodeDecodeError:
+        return "the body is not UTF-8"
+    depth = 0
+    for bracket in _BRACKET.finditer(_STRING.sub("", text)):
+        depth += 1 if bracket.group() in "[{" else -1
+        if depth > MAX_JSON_DEPTH:
+            return f"the JSON nests deeper than {MAX_JSON_DEPTH} levels"
+    return None
+
+
+def parse_error(reason: str) -> JSONResponse:
+    """A JSON-RPC parse error (-32700), answered 400 as the SDK answers malformed JSON."""
+    error = {"code": -32700, "message": f"Parse error: {reason}"}
+    return JSONResponse(status_code=400, content={"jsonrpc": "2.0", "id": None, "error": error})
+
+
 class EnvelopeBodyLimit(RequestBodyLimitMiddleware):
     """The SDK's body limit (the body is read whole before the app), answering TOO_LARGE as JSON.
 
     The SDK answers a plain-text 413; every other Ragline error is `{code, message, details}`.
+    A body the SDK's parser would crash on gets the JSON-RPC parse error (see `unparseable`).
     """
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
@@ -72,6 +105,10 @@ class EnvelopeBodyLimit(RequestBodyLimitMiddleware):
             if not message.get("more_body", False):
                 pending.appendleft({"type": "http.request", "body": bytes(body), "more_body": False})
                 break
+        reason = unparseable(bytes(body)) if scope["method"] == "POST" else None
+        if reason is not None:
+            await parse_error(reason)(scope, receive, send)
+            return
 
         async def replay() -> Message:
             return pending.popleft() if pending else await receive()

@@ -11,13 +11,13 @@ from services.api.readiness import Readiness
 router = APIRouter(tags=["health"])
 
 
-@router.get("/healthz")
+@router.api_route("/healthz", methods=["GET", "HEAD"])  # load balancers probe with HEAD
 async def healthz() -> dict[str, str]:
     """The process is alive."""
     return {"status": "ok"}
 
 
-@router.get("/readyz")
+@router.api_route("/readyz", methods=["GET", "HEAD"])  # load balancers probe with HEAD
 async def readyz(request: Request) -> JSONResponse:
     """OpenSearch, Redis and at least one worker answer."""
     readiness: Readiness = request.app.state.readiness

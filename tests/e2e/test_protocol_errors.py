@@ -1,0 +1,53 @@
+"""Probes and malformed requests get the status they name: HEAD probes pass, a wrong method is a
+405 with its Allow header, and /mcp answers a body its parser cannot take as a JSON-RPC parse error."""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.e2e.helpers import Server
+
+pytestmark = pytest.mark.e2e
+
+MCP_HEADERS = {"Accept": "application/json, text/event-stream", "Content-Type": "application/json"}
+
+
+def test_head_probes_answer_like_get(server: Server) -> None:
+    with server.client(None) as client:
+        for path in ("/healthz", "/readyz"):
+            head, get = client.head(path), client.get(path)
+            assert head.status_code == get.status_code, (path, head.status_code, get.text)
+            assert head.status_code in (200, 503)
+            assert head.content == b""
+        assert client.head("/healthz").status_code == 200
+
+
+def test_a_method_the_path_does_not_take_is_a_405_with_allow(server: Server) -> None:
+    with server.client("a_admin") as client:
+        for method, path in [("PUT", "/healthz"), ("DELETE", "/readyz"), ("PUT", "/v1/search")]:
+            response = client.request(method, path)
+            assert response.status_code == 405, (method, path, response.text)
+            assert response.json()["code"] == "INVALID_ARGUMENT"
+            assert method not in response.headers["allow"]
+            assert "GET" in response.headers["allow"] or "POST" in response.headers["allow"]
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        b'{"jsonrpc":"2.0","id":1,"method":"\xff\xfe"}',
+        b"[" * 100_000 + b"]" * 100_000,
+        b'{"jsonrpc":"2.0","id":1,"method":"tools/call","params":' + b'{"a":' * 50_000 + b"1" + b"}" * 50_001,
+    ],
+    ids=["invalid-utf8", "nested-lists", "nested-objects"],
+)
+def test_mcp_answers_an_unparseable_body_with_a_parse_error(server: Server, body: bytes) -> None:
+    log_before = server.log.stat().st_size
+    with server.client("a_admin") as client:
+        response = client.post("/mcp", content=body, headers=MCP_HEADERS)
+        assert response.status_code == 400, response.text
+        assert response.json()["error"]["code"] == -32700
+        assert client.get("/healthz").status_code == 200
+    with server.log.open("rb") as log:
+        log.seek(log_before)
+        assert b"Traceback" not in log.read()
