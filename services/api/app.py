@@ -14,6 +14,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from services.api import errors
 from services.api.auth_gate import AuthGate, is_rest
 from services.api.host_check import HostCheck
+from services.api.kb_path import KbPathCheck
 from services.api.metrics import Metrics, RequestLatency
 from services.api.readiness import Readiness
 from services.api.request_context import RequestContext
@@ -137,6 +138,7 @@ def create_app(settings: Settings | None = None, state: AppState | None = None) 
     # Each added one wraps those before it. Inward from the request id: timing (refusals too),
     # the Host/Origin check, the key (before any body is read), the body's limit.
     app.add_middleware(BodyLimit, limits=body_limits(settings.api))
+    app.add_middleware(KbPathCheck)  # the KB id as sent, before routing decodes it
     app.add_middleware(AuthGate, keys=state.keys)
     security = mcp.settings.transport_security  # the /mcp check's lists (services/mcp/server.py)
     assert security is not None

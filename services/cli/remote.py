@@ -5,14 +5,16 @@ from __future__ import annotations
 import json
 import os
 import random
+import re
 import sys
 import time
 from typing import Any
-from urllib.parse import quote
+from urllib.parse import quote, unquote
 
 import httpx
 
 from shared.config import Settings
+from shared.models import ID_PATTERN
 
 RETRYABLE = {502, 503, 504}
 DEV_KEY_NAME = "local development"  # the name deploy/local/api.sh gives the key it creates
@@ -81,6 +83,20 @@ def api_path(*segments: str) -> str:
     return "/v1/" + "/".join(e.replace(".", "%2E") if e.strip(".") == "" else e for e in encoded)
 
 
+def check_kb_path(path: str) -> None:
+    """INVALID_ARGUMENT, before anything is sent, for a /v1/kbs/ path whose KB segment is no KB id.
+
+    A `/` in a KB id is encoded, and the server decodes it before routing: `kb delete 'k/documents/x'`
+    would delete document x of k. The server refuses such paths too (services/api/kb_path.py).
+    """
+    prefix = "/v1/kbs/"
+    if not path.startswith(prefix) or path == prefix:
+        return
+    kb_id = unquote(path[len(prefix) :].split("?", 1)[0].split("/", 1)[0])
+    if not re.fullmatch(ID_PATTERN, kb_id):
+        raise ApiError(0, "INVALID_ARGUMENT", f"a knowledge base id must match {ID_PATTERN}, got {kb_id!r}")
+
+
 class Remote:
     """Calls the API; raises ApiError with the server's code; waits out 429s and brief outages.
 
@@ -110,6 +126,7 @@ class Remote:
 
     def request(self, method: str, path: str, *, attempts: int | None = None, **kwargs: Any) -> Any:
         """One call; transient failures retry (`attempts` in all), 429s wait as told (up to an hour)."""
+        check_kb_path(path)
         attempts = attempts or self.attempts
         failures = 0
         throttle_deadline = time.monotonic() + 3600
