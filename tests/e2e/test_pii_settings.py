@@ -47,7 +47,7 @@ def test_no_entities_under_redact_or_block_is_refused(server: Server) -> None:
     kb_id = f"kb-{uuid.uuid4().hex[:8]}"
     with server.client("a_admin") as client:
         for policy in ("redact", "block"):
-            settings = {"pii_policy": policy, "pii_entities": []}
+            settings: dict[str, object] = {"pii_policy": policy, "pii_entities": []}
             refused = client.post("/v1/kbs", json={"kb_id": kb_id, "name": kb_id, "settings": settings})
             assert refused.status_code == 422, refused.text
             assert refused.json()["code"] == "INVALID_ARGUMENT"
