@@ -288,6 +288,12 @@ class ApiSettings(_Section):
         ge=1024,
         description="Largest body of a /v1 request other than a document upload (search, KB changes).",
     )
+    max_metadata_bytes: int = Field(
+        64 << 10,
+        ge=1024,
+        le=16 << 20,
+        description="Largest caller metadata of a document, as compact JSON (422 INVALID_ARGUMENT).",
+    )
     interactive_max_bytes: int = Field(
         5 << 20, ge=0, description="Single uploads up to this size go to the interactive queue."
     )
@@ -327,6 +333,13 @@ class ApiSettings(_Section):
         if self.mcp_max_request_bytes is not None:
             return self.mcp_max_request_bytes
         return 4 * -(-self.max_file_bytes // 3) + (1 << 20)
+
+    @property
+    def json_upload_limit(self) -> int:
+        """The body limit of a JSON upload, which is parsed whole: the largest file as text, a
+        quarter more for its escapes, the largest metadata and 64 KiB for the rest."""
+        limit = self.max_file_bytes + self.max_file_bytes // 4 + self.max_metadata_bytes + (64 << 10)
+        return min(limit, self.max_request_bytes)
 
 
 class SearchSettings(_Section):

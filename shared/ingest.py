@@ -21,6 +21,7 @@ from shared.admission import Admission, Admitter
 from shared.blobs import BlobStore
 from shared.config import Settings
 from shared.errors import ErrorCode, RaglineError, TransientError
+from shared.metadata_rules import check_metadata
 from shared.models import DocStatus, Document, Outcome, Stage, check_doc_id, safe_doc_id, utcnow
 from shared.queue import enqueue, stage_queue
 from shared.registry import Conflict, Registry, Versioned
@@ -128,11 +129,13 @@ class Ingestor:
     ) -> list[SubmitResult]:
         """Admit a request's documents (shared/admission.py), then store, register and start each.
 
-        Everything that can refuse the request (unknown KB, a bad doc_id, a known size over the
-        limit, the tenant's bounds) is checked before the first byte is stored, so a refused
-        request leaves nothing behind. `priority` is what the caller asked for; admission decides.
+        Everything that can refuse the request (unknown KB, metadata out of bounds, a bad doc_id,
+        a known size over the limit, the tenant's bounds) is checked before the first byte is
+        stored, so a refused request leaves nothing behind. `priority` is what the caller asked
+        for; admission decides.
         """
         self.registry.get_kb(tenant_id, kb_id)  # NOT_FOUND before any byte is stored
+        metadata = check_metadata(metadata or {}, self.settings.api.max_metadata_bytes)
         limit = self.settings.api.max_file_bytes
         for number, upload in enumerate(uploads, start=1):
             if upload.doc_id is not None:
@@ -149,7 +152,7 @@ class Ingestor:
             for upload in uploads:
                 results.append(
                     self._store_and_register(
-                        tenant_id, kb_id, upload, metadata or {}, source_uri, batch_id, admission
+                        tenant_id, kb_id, upload, metadata, source_uri, batch_id, admission
                     )
                 )
         finally:

@@ -9,6 +9,7 @@ from contextlib import asynccontextmanager
 from typing import Any
 
 from fastapi import FastAPI
+from starlette.datastructures import Headers
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from services.api import errors
@@ -33,11 +34,15 @@ _UPLOAD = re.compile(r"^/v1/kbs/[^/]+/documents/?$")
 
 
 def body_limits(api: ApiSettings) -> Callable[[Scope], int]:
-    """The body limit of a request: small for every /v1 route but uploads, which parse it whole."""
+    """The body limit of a request: small for every /v1 route but uploads; a JSON upload, which
+    the route reads and parses whole, gets room for one file as text and its metadata."""
 
     def limit(scope: Scope) -> int:
         if is_rest(scope) and not (scope["method"] == "POST" and _UPLOAD.match(scope["path"])):
             return api.max_json_bytes
+        content_type = Headers(raw=scope.get("headers", [])).get("content-type", "")  # the route's: the first
+        if is_rest(scope) and documents.is_json_upload(content_type):
+            return api.json_upload_limit
         return api.max_request_bytes
 
     return limit

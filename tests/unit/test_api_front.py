@@ -84,7 +84,7 @@ async def test_the_anonymous_principal_is_resolved_by_the_gate() -> None:
 
 
 def test_only_uploads_take_the_large_limit() -> None:
-    api = ApiSettings(max_json_bytes=1 << 20, max_request_bytes=64 << 20)
+    api = ApiSettings(max_json_bytes=1 << 20, max_request_bytes=64 << 20, max_file_bytes=8 << 20)
     limit = body_limits(api)
 
     def of(method: str, path: str) -> int:
@@ -93,6 +93,10 @@ def test_only_uploads_take_the_large_limit() -> None:
     assert of("POST", "/v1/kbs/docs/documents") == 64 << 20
     assert of("POST", "/v1/kbs/docs/documents/") == 64 << 20
     assert of("POST", "/mcp") == 64 << 20
+    # The JSON form is read and parsed whole: room for one file as text and its metadata.
+    headers = [(b"content-type", b"application/json")]
+    json_upload = {"type": "http", "method": "POST", "path": "/v1/kbs/docs/documents", "headers": headers}
+    assert limit(json_upload) == api.json_upload_limit == (10 << 20) + (128 << 10)
     for method, path in (
         ("POST", "/v1/search"),
         ("POST", "/v1/kbs"),
