@@ -51,3 +51,12 @@ def test_mcp_answers_an_unparseable_body_with_a_parse_error(server: Server, body
     with server.log.open("rb") as log:
         log.seek(log_before)
         assert b"Traceback" not in log.read()
+
+
+def test_every_openapi_operation_has_its_own_id(server: Server) -> None:
+    with server.client("a_admin") as client:
+        schema = client.get("/openapi.json").json()
+    operations = [op for item in schema["paths"].values() for op in item.values()]
+    ids = [op["operationId"] for op in operations if "operationId" in op]
+    assert len(ids) == len(set(ids)), sorted(i for i in ids if ids.count(i) > 1)
+    assert set(schema["paths"]["/healthz"]) == {"get"}

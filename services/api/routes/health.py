@@ -11,13 +11,19 @@ from services.api.readiness import Readiness
 router = APIRouter(tags=["health"])
 
 
-@router.api_route("/healthz", methods=["GET", "HEAD"])  # load balancers probe with HEAD
+# Load balancers probe with HEAD. The GET route is only the schema's entry (one route of two
+# methods would give OpenAPI one operation id twice); requests meet the route below it.
+@router.get("/healthz")
+@router.api_route("/healthz", methods=["GET", "HEAD"], include_in_schema=False)
 async def healthz() -> dict[str, str]:
     """The process is alive."""
     return {"status": "ok"}
 
 
-@router.api_route("/readyz", methods=["GET", "HEAD"])  # load balancers probe with HEAD
+# Load balancers probe with HEAD. The GET route is only the schema's entry (one route of two
+# methods would give OpenAPI one operation id twice); requests meet the route below it.
+@router.get("/readyz")
+@router.api_route("/readyz", methods=["GET", "HEAD"], include_in_schema=False)
 async def readyz(request: Request) -> JSONResponse:
     """OpenSearch, Redis and at least one worker answer."""
     readiness: Readiness = request.app.state.readiness
