@@ -78,7 +78,7 @@ class RaglineMCP(FastMCP):
     async def call_tool(self, name: str, arguments: dict[str, Any]) -> Any:
         try:
             # FastMCP.call_tool, without its conversion of the result: it rendered the text copy
-            # from the model with an indent and a fallback serializer (1.3 ms of a search here).
+            # from the model with an indent and a fallback serializer, a cost on every search.
             result = await self._tool_manager.call_tool(name, arguments, context=self.get_context())
         except ToolError as error:
             return _error_result(error.__cause__ or error)
@@ -87,10 +87,9 @@ class RaglineMCP(FastMCP):
             return tool.fn_metadata.convert_result(result) if tool is not None else result
         # Our tools return the model their output schema describes, validated as it was built.
         # The low-level server would check it again against that schema with `jsonschema.validate`,
-        # which rebuilds its validator on every call (about 16 ms per search on this machine's
-        # CPUs): a finished result goes out as it is. Its text copy (for clients that read only
-        # text) is compact JSON: indented, a search's text was 17.8 KB instead of 15.2, read by
-        # the client and by the model.
+        # which rebuilds its validator on every call: a finished result goes out as it is. Its
+        # text copy (for clients that read only text) is compact JSON, which the client and the
+        # model read whole.
         body = structured(result)
         content: list[ContentBlock] = [TextContent(type="text", text=pydantic_core.to_json(body).decode())]
         return CallToolResult(content=content, structuredContent=body, isError=False)

@@ -144,7 +144,7 @@ def _recovery_s(
     return (min(passed) - killed).total_seconds() if passed else None
 
 
-# Redis for a moment (every client notices), OpenSearch for the 30 s of the issue.
+# Redis for a moment (every client notices), OpenSearch for as long as the issue's outage.
 OUTAGES = [("redis", Stage.PARSE, 3), ("opensearch", Stage.EMBED, 30)]
 
 
