@@ -65,7 +65,7 @@ def analyzer() -> Any:
     assert isinstance(engine, SpacyNlpEngine), type(engine)
     assert engine.nlp is not None, "create_engine loads the models"
     # Presidio reads entities, tokens and lemmas; the dependency parse feeds none of them and was a
-    # quarter of the stage (364 → 271 ms a man page, the same findings on 20 of 20 pages).
+    # large share of the stage's time, for the same findings.
     engine.nlp["en"].select_pipes(disable=["parser"])
     return AnalyzerEngine(nlp_engine=engine, supported_languages=["en"])
 
