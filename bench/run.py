@@ -49,7 +49,7 @@ REFERENCE = {  # ../shared/eval/README.md, outside Ragline: whole page truncated
 RAW_SAMPLE, RAW_SAMPLE_QUICK = 2000, 400  # chunk texts the raw model encodes: minutes, not the whole corpus
 SCALING = (1, 2, 4)  # worker processes; a quick run measures 1 and the whole-corpus count only
 SUBSET, SUBSET_QUICK = 50, 12  # documents of the scaling and PII runs
-# Throwaway documents loaded before the measured ones; a quick run loads SUBSET_QUICK instead.
+# Throwaway documents loaded before the counted ones; a quick run loads SUBSET_QUICK instead.
 WARMUP = 100
 CORPUS_QUICK = 60  # pages of a quick run: every phase, under 5 minutes on 2 cores
 # Which part of the latency phase each query goes to, in turn: concurrency 8 (the target's) gets
