@@ -36,8 +36,10 @@ from services.cli.bulk import load
 from services.cli.remote import Remote
 from shared.config import REPO_ROOT, Settings
 from shared.search.client import build_client
-from shared.search.hybrid import Searcher, SearchRequest
+from shared.search.queries import fetch_body
+from shared.search.requests import SearchRequest
 from shared.search.schema import chunks_alias
+from shared.search.searcher import Searcher
 
 EVAL_SCRIPT = REPO_ROOT.parent / "shared" / "eval" / "build_manbench.py"
 REFERENCE = {  # ../shared/eval/README.md, outside Ragline: whole page truncated to 256 tokens, exact search
@@ -455,7 +457,7 @@ class Bench:
                 arms = [r["hits"]["hits"] for r in self.client.msearch(body=lines)["responses"]]
                 best = dict.fromkeys(hit["_id"] for rank in zip(*arms, strict=False) for hit in rank)
                 chosen = list(best)[: request.top_k]
-                fetch = searcher.fetch_body(request, tenant, chosen)
+                fetch = fetch_body(request, tenant, chosen)
                 return self.client.search(index=searcher.index, body=fetch)
 
             return call

@@ -36,7 +36,7 @@ from shared import fairqueue
 from shared.config import Settings
 from shared.errors import ErrorCode, RaglineError
 from shared.models import DocStatus
-from shared.registry import Registry, doc_key
+from shared.registry import Registry
 
 INTERACTIVE_QUEUE = "interactive"
 PRIORITIES = (INTERACTIVE_QUEUE, fairqueue.BULK_QUEUE)
@@ -134,14 +134,11 @@ class Admitter:
         named = {m: json.loads(m) for m in held if m.startswith("[")}
         if not named:
             return 0
-        found = self.registry.client.mget(
-            index=self.registry.docs,
-            body={"ids": [doc_key(tenant_id, kb, doc) for kb, doc, _ in named.values()]},
-            _source_includes=["status", "content_version", "queue"],
+        found = self.registry.doc_fields(
+            tenant_id, [(kb, doc) for kb, doc, _ in named.values()], ["status", "content_version", "queue"]
         )
         done = []
-        for (name, (_, _, version)), entry in zip(named.items(), found["docs"], strict=True):
-            record = entry.get("_source")
+        for (name, (_, _, version)), record in zip(named.items(), found, strict=True):
             if (
                 record is None
                 or record["content_version"] != version

@@ -1,4 +1,8 @@
-"""Reading and managing knowledge bases, documents and batches: what REST, MCP and the CLI share."""
+"""Reading and managing knowledge bases, documents and batches: what REST, MCP and the CLI share.
+
+The queries themselves belong to their stores' owners: records to the Registry (shared/registry.py),
+chunks to shared/search/chunk_index.py, aliases and indexes to placement.py and schema.py.
+"""
 
 from __future__ import annotations
 
@@ -16,18 +20,12 @@ from shared.ingest import Ingestor
 from shared.models import DocStatus, Document, KbSettings, KnowledgeBase, Reembed, check_pii_settings
 from shared.queue import enqueue
 from shared.registry import Registry
-from shared.search.placement import (
-    attach_to_default,
-    kb_alias,
-    kb_index_pattern,
-    next_alias,
-    resolve,
-    write_aliases,
-)
+from shared.search.chunk_index import delete_kb_chunks, read_chunks
+from shared.search.placement import attach_to_default, drop_aliases, own_indexes, resolve, write_aliases
+from shared.search.schema import drop_index
 
 TERMINAL = [DocStatus.READY.value, DocStatus.FAILED.value, DocStatus.DELETED.value]
 REEMBED_TASK = "ragline.reembed"
-DELETE_ROUNDS = 5  # delete_by_query passes over a KB's records while workers still write some
 
 
 class KbView(BaseModel):
@@ -137,34 +135,6 @@ class Catalog:
         self.ingestor = ingestor
         self.client = registry.client
 
-    def _counts(self, tenant_id: str, kb_ids: list[str]) -> dict[str, tuple[int, int]]:
-        if not kb_ids:
-            return {}
-        response = self.client.search(
-            index=self.registry.docs,
-            body={
-                "size": 0,
-                "query": {
-                    "bool": {
-                        "filter": [{"term": {"tenant_id": tenant_id}}, {"terms": {"kb_id": kb_ids}}],
-                        "must_not": [
-                            {"terms": {"status": [DocStatus.DELETED.value, DocStatus.DELETING.value]}}
-                        ],
-                    }
-                },
-                "aggs": {
-                    "kbs": {
-                        "terms": {"field": "kb_id", "size": len(kb_ids)},
-                        "aggs": {"chunks": {"sum": {"field": "chunk_count"}}},
-                    }
-                },
-            },
-        )
-        return {
-            b["key"]: (b["doc_count"], int(b["chunks"]["value"]))
-            for b in response["aggregations"]["kbs"]["buckets"]
-        }
-
     def view(self, kb: KnowledgeBase, counts: tuple[int, int]) -> KbView:
         return KbView(
             kb_id=kb.kb_id,
@@ -184,12 +154,12 @@ class Catalog:
 
     def list_kbs(self, tenant_id: str) -> list[KbView]:
         kbs = self.registry.list_kbs(tenant_id)
-        counts = self._counts(tenant_id, [kb.kb_id for kb in kbs])
+        counts = self.registry.kb_counts(tenant_id, [kb.kb_id for kb in kbs])
         return [self.view(kb, counts.get(kb.kb_id, (0, 0))) for kb in kbs]
 
     def get_kb(self, tenant_id: str, kb_id: str) -> KbView:
         kb = self.registry.get_kb(tenant_id, kb_id)
-        return self.view(kb, self._counts(tenant_id, [kb_id]).get(kb_id, (0, 0)))
+        return self.view(kb, self.registry.kb_counts(tenant_id, [kb_id]).get(kb_id, (0, 0)))
 
     def create_kb(
         self,
@@ -234,35 +204,18 @@ class Catalog:
         (those no other live record shares)."""
         self.registry.get_kb(tenant_id, kb_id)
         fairqueue.purge(self.ingestor.broker, tenant_id, kb_id)  # its waiting documents go first
-        scope = {"bool": {"filter": [{"term": {"tenant_id": tenant_id}}, {"term": {"kb_id": kb_id}}]}}
-        self.client.delete_by_query(
-            index=write_aliases(self.client, self.settings, tenant_id, kb_id),
-            body={"query": scope},
-            refresh=True,
-            conflicts="proceed",
+        delete_kb_chunks(
+            self.client, write_aliases(self.client, self.settings, tenant_id, kb_id), tenant_id, kb_id
         )
         doomed = erasure.kb_documents(self.registry, tenant_id, kb_id)
-        self._delete_records(scope)
+        self.registry.delete_kb_records(tenant_id, kb_id)
         erasure.forget_documents(self.registry, self.ingestor.blobs, doomed)  # artifacts, unshared bytes
         self.registry.delete_kb(tenant_id, kb_id)
         # Indexes of its own (after a reembed) go too; the shared index only lost its chunks.
-        aliases = [kb_alias(self.settings, tenant_id, kb_id), next_alias(self.settings, tenant_id, kb_id)]
-        self.client.indices.delete_alias(index="_all", name=",".join(aliases), ignore=[404])
-        own = self.client.indices.get(index=kb_index_pattern(self.settings, tenant_id, kb_id))
+        drop_aliases(self.client, self.settings, tenant_id, kb_id)
+        own = own_indexes(self.client, self.settings, tenant_id, kb_id)
         if own:
-            self.client.indices.delete(index=",".join(own))
-
-    def _delete_records(self, scope: dict[str, Any]) -> None:
-        """Delete the KB's document records, those written just before (not yet searchable) and
-        those a worker was updating meanwhile (a version conflict skips them) included."""
-        for _ in range(DELETE_ROUNDS):
-            self.client.indices.refresh(index=self.registry.docs)
-            done = self.client.delete_by_query(
-                index=self.registry.docs, body={"query": scope}, refresh=True, conflicts="proceed"
-            )
-            if not done.get("version_conflicts"):
-                return
-        raise RaglineError("the knowledge base's documents are being changed; retry", code=ErrorCode.CONFLICT)
+            drop_index(self.client, ",".join(own))
 
     def start_reembed(self, tenant_id: str, kb_id: str, model: str) -> KbView:
         """Mark the KB and hand the reembed to a worker (workers/reembed.py); CONFLICT if one runs."""
@@ -319,25 +272,11 @@ class Catalog:
         doc = self.registry.require_doc(tenant_id, kb_id, doc_id).doc
         if doc.active_generation is None or doc.status in (DocStatus.DELETING, DocStatus.DELETED):
             raise RaglineError(f"document '{doc_id}' has no searchable version yet", code=ErrorCode.NOT_FOUND)
-        filters: list[dict[str, Any]] = [
-            {"term": {"tenant_id": tenant_id}},
-            {"term": {"kb_id": kb_id}},
-            {"term": {"doc_id": doc_id}},
-            {"term": {"generation": doc.active_generation}},
-        ]
-        if chunk_idx is not None:
-            filters.append({"range": {"chunk_idx": {"gte": chunk_idx - window, "lte": chunk_idx + window}}})
-        size = 2 * window + 1 if chunk_idx is not None else 200
-        response = self.client.search(
-            index=resolve(self.client, self.settings, [(tenant_id, kb_id)])[(tenant_id, kb_id)].alias,
-            body={
-                "size": size,
-                "query": {"bool": {"filter": filters}},
-                "sort": [{"chunk_idx": "asc"}],
-                "_source": ["chunk_idx", "text", "headings", "page_num", "page_label"],
-            },
+        index = resolve(self.client, self.settings, [(tenant_id, kb_id)])[(tenant_id, kb_id)].alias
+        sources = read_chunks(
+            self.client, index, tenant_id, kb_id, doc_id, doc.active_generation, chunk_idx, window
         )
-        chunks = [ChunkView.model_validate(h["_source"]) for h in response["hits"]["hits"]]
+        chunks = [ChunkView.model_validate(source) for source in sources]
         return DocumentText(
             kb_id=kb_id, doc_id=doc_id, title=doc.title, total_chunks=doc.chunk_count, chunks=chunks
         )
@@ -366,25 +305,10 @@ class Catalog:
         return DocumentPage(documents=docs, next_cursor=following)
 
     def batch(self, tenant_id: str, batch_id: str) -> BatchView:
-        scope = {"bool": {"filter": [{"term": {"tenant_id": tenant_id}}, {"term": {"batch_id": batch_id}}]}}
-        response = self.client.search(
-            index=self.registry.docs,
-            body={
-                "size": 0,
-                "query": scope,
-                "track_total_hits": True,
-                "aggs": {"status": {"terms": {"field": "status", "size": 20}}},
-            },
-        )
-        total = int(response["hits"]["total"]["value"])
+        total, counts = self.registry.batch_counts(tenant_id, batch_id)
         if total == 0:
             raise RaglineError(f"batch '{batch_id}' not found", code=ErrorCode.NOT_FOUND)
-        counts = {b["key"]: b["doc_count"] for b in response["aggregations"]["status"]["buckets"]}
-        failed = self.registry.search_docs(
-            {"bool": {"filter": [*scope["bool"]["filter"], {"term": {"status": DocStatus.FAILED.value}}]}},
-            size=1000,
-            sort=[{"doc_id": "asc"}],
-        )
+        failed = self.registry.batch_failures(tenant_id, batch_id)
         failures = [
             {
                 "kb_id": h["_source"]["kb_id"],

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Iterable
-from typing import Any
 
 from opensearchpy import OpenSearch
 
@@ -20,32 +19,12 @@ from shared.blobs import BlobStore, version_artifact_keys
 from shared.config import Settings
 from shared.models import DocStatus, Document, utcnow
 from shared.registry import Conflict, Registry, Versioned
-from shared.search.chunks import delete_generations
+from shared.search.chunk_index import delete_generations
 from shared.search.placement import write_aliases
 
 log = logging.getLogger(__name__)
 
-_GONE = [DocStatus.DELETING.value, DocStatus.DELETED.value]
-
-
 _BATCH = 500  # blobs checked in one search, under their stripes' locks
-
-
-def needed_blobs(registry: Registry, sha256s: list[str]) -> set[str]:
-    """Those of the blobs that a live record, in any tenant, has as its content."""
-    # A record written a moment ago is found by a search only once the index is refreshed.
-    registry.client.indices.refresh(index=registry.docs)
-    live = {
-        "bool": {
-            "filter": [{"terms": {"content_hash": sha256s}}],
-            "must_not": [{"terms": {"status": _GONE}}],
-        }
-    }
-    hashes = {"terms": {"field": "content_hash", "size": len(sha256s)}}
-    response = registry.client.search(
-        index=registry.docs, body={"size": 0, "query": live, "aggs": {"h": hashes}}
-    )
-    return {str(bucket["key"]) for bucket in response["aggregations"]["h"]["buckets"]}
 
 
 def release_blobs(registry: Registry, blobs: BlobStore, sha256s: Iterable[str]) -> set[str]:
@@ -53,7 +32,7 @@ def release_blobs(registry: Registry, blobs: BlobStore, sha256s: Iterable[str]) 
     wanted, removed = sorted(set(sha256s)), set()
     for first in range(0, len(wanted), _BATCH):
         batch = wanted[first : first + _BATCH]
-        removed |= blobs.remove_unused(batch, lambda shas: needed_blobs(registry, shas))
+        removed |= blobs.remove_unused(batch, registry.live_hashes)
     return removed
 
 
@@ -70,25 +49,8 @@ def drop_artifacts(blobs: BlobStore, doc: Document) -> None:
 
 def kb_documents(registry: Registry, tenant_id: str, kb_id: str) -> list[Document]:
     """Every record of a knowledge base, as much of each as erasing it needs."""
-    scope = {"bool": {"filter": [{"term": {"tenant_id": tenant_id}}, {"term": {"kb_id": kb_id}}]}}
     fields = ["tenant_id", "kb_id", "doc_id", "content_version", "content_hash", "file_size"]
-    docs: list[Document] = []
-    after: list[Any] | None = None
-    registry.client.indices.refresh(index=registry.docs)  # those written a moment ago too
-    while True:
-        body: dict[str, Any] = {
-            "size": _BATCH,
-            "query": scope,
-            "sort": [{"doc_id": "asc"}],
-            "_source": fields,
-        }
-        if after is not None:
-            body["search_after"] = after
-        hits = registry.client.search(index=registry.docs, body=body)["hits"]["hits"]
-        docs += [Document.model_validate(hit["_source"]) for hit in hits]
-        if len(hits) < _BATCH:
-            return docs
-        after = hits[-1]["sort"]
+    return registry.kb_records(tenant_id, kb_id, fields)
 
 
 def forget_documents(registry: Registry, blobs: BlobStore, docs: list[Document]) -> None:

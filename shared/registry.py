@@ -1,5 +1,8 @@
 """The registry of knowledge bases and documents, kept in OpenSearch (the system of record).
 
+It owns every request on the knowledge-base and document indexes: record reads and writes, and
+the queries over records (listing, counts, batch views, visibility for search, deletes by scope).
+
 Document and knowledge-base writes are optimistic: every update names the `_seq_no`/`_primary_term`
 it read, so two writers can never both advance the same record; the loser gets `Conflict` and
 re-reads.
@@ -18,7 +21,7 @@ from opensearchpy.exceptions import ConflictError, NotFoundError
 
 from shared.config import Settings
 from shared.errors import ErrorCode, RaglineError
-from shared.models import Document, KnowledgeBase, utcnow
+from shared.models import DocStatus, Document, KnowledgeBase, utcnow
 from shared.search.schema import docs_index, kbs_index
 
 
@@ -33,6 +36,9 @@ class NotFound(RaglineError):
 
 
 KB_WRITE_ATTEMPTS = 5
+DELETE_ROUNDS = 5  # delete_by_query passes over a KB's records while workers still write some
+_GONE = [DocStatus.DELETING.value, DocStatus.DELETED.value]
+_PAGE = 500  # records read in one search
 
 
 def _check_model_change(current: KnowledgeBase, updated: KnowledgeBase) -> None:
@@ -263,3 +269,153 @@ class Registry:
         if search_after:
             body["search_after"] = search_after
         return list(self.client.search(index=self.docs, body=body)["hits"]["hits"])
+
+    def refresh_docs(self) -> None:
+        """Make records written a moment ago visible to the searches below."""
+        self.client.indices.refresh(index=self.docs)
+
+    def doc_fields(
+        self, tenant_id: str, keys: list[tuple[str, str]], fields: list[str]
+    ) -> list[dict[str, Any] | None]:
+        """`fields` of each (kb, doc) record, in order, None where there is none: one realtime
+        multi-get."""
+        found = self.client.mget(
+            index=self.docs,
+            body={"ids": [doc_key(tenant_id, kb, doc) for kb, doc in keys]},
+            _source_includes=fields,
+        )
+        return [entry.get("_source") for entry in found["docs"]]
+
+    def visible_generations(self, tenant_id: str, keys: list[tuple[str, str]]) -> set[tuple[str, str, int]]:
+        """(kb, doc, generation) triples that readers may see: each document's active generation."""
+        if not keys:
+            return set()
+        visible = set()
+        for record in self.doc_fields(tenant_id, keys, ["kb_id", "doc_id", "status", "active_generation"]):
+            if not record or record["status"] in _GONE:
+                continue
+            if record.get("active_generation") is not None:
+                visible.add((record["kb_id"], record["doc_id"], int(record["active_generation"])))
+        return visible
+
+    def active_generations(self, tenant_id: str, kb_id: str, doc_ids: set[str]) -> dict[str, int]:
+        """doc_id -> the generation readers see, for documents that are not deleted."""
+        keys = [(kb_id, d) for d in sorted(doc_ids)]
+        active: dict[str, int] = {}
+        for record in self.doc_fields(tenant_id, keys, ["doc_id", "status", "active_generation"]):
+            if record and record["status"] not in _GONE and record.get("active_generation") is not None:
+                active[record["doc_id"]] = int(record["active_generation"])
+        return active
+
+    def kb_counts(self, tenant_id: str, kb_ids: list[str]) -> dict[str, tuple[int, int]]:
+        """kb_id -> (documents, chunks) of its records that are not deleted."""
+        if not kb_ids:
+            return {}
+        response = self.client.search(
+            index=self.docs,
+            body={
+                "size": 0,
+                "query": {
+                    "bool": {
+                        "filter": [{"term": {"tenant_id": tenant_id}}, {"terms": {"kb_id": kb_ids}}],
+                        "must_not": [{"terms": {"status": _GONE[::-1]}}],
+                    }
+                },
+                "aggs": {
+                    "kbs": {
+                        "terms": {"field": "kb_id", "size": len(kb_ids)},
+                        "aggs": {"chunks": {"sum": {"field": "chunk_count"}}},
+                    }
+                },
+            },
+        )
+        return {
+            b["key"]: (b["doc_count"], int(b["chunks"]["value"]))
+            for b in response["aggregations"]["kbs"]["buckets"]
+        }
+
+    def batch_counts(self, tenant_id: str, batch_id: str) -> tuple[int, dict[str, int]]:
+        """A batch's record count and its counts by status."""
+        response = self.client.search(
+            index=self.docs,
+            body={
+                "size": 0,
+                "query": _batch_scope(tenant_id, batch_id),
+                "track_total_hits": True,
+                "aggs": {"status": {"terms": {"field": "status", "size": 20}}},
+            },
+        )
+        counts = {b["key"]: b["doc_count"] for b in response["aggregations"]["status"]["buckets"]}
+        return int(response["hits"]["total"]["value"]), counts
+
+    def batch_failures(self, tenant_id: str, batch_id: str) -> list[dict[str, Any]]:
+        """The failed records of a batch (the first 1000 by doc_id), as search hits."""
+        scope = _batch_scope(tenant_id, batch_id)
+        failed = {
+            "bool": {"filter": [*scope["bool"]["filter"], {"term": {"status": DocStatus.FAILED.value}}]}
+        }
+        return self.search_docs(failed, size=1000, sort=[{"doc_id": "asc"}])
+
+    def status_counts(self, request_timeout: float) -> dict[str, int]:
+        """Records by status, over every tenant (the metrics)."""
+        response = self.client.search(
+            index=self.docs,
+            body={"size": 0, "aggs": {"status": {"terms": {"field": "status", "size": 20}}}},
+            request_timeout=request_timeout,
+        )
+        return {b["key"]: int(b["doc_count"]) for b in response["aggregations"]["status"]["buckets"]}
+
+    def live_hashes(self, sha256s: list[str]) -> set[str]:
+        """Those of the content hashes that a live record, in any tenant, has."""
+        self.refresh_docs()  # a record written a moment ago is found by a search only after it
+        live = {
+            "bool": {
+                "filter": [{"terms": {"content_hash": sha256s}}],
+                "must_not": [{"terms": {"status": _GONE}}],
+            }
+        }
+        hashes = {"terms": {"field": "content_hash", "size": len(sha256s)}}
+        response = self.client.search(index=self.docs, body={"size": 0, "query": live, "aggs": {"h": hashes}})
+        return {str(bucket["key"]) for bucket in response["aggregations"]["h"]["buckets"]}
+
+    def kb_records(self, tenant_id: str, kb_id: str, fields: list[str]) -> list[Document]:
+        """Every record of a knowledge base with `fields` only, those written a moment ago too."""
+        scope = _kb_scope(tenant_id, kb_id)
+        docs: list[Document] = []
+        after: list[Any] | None = None
+        self.refresh_docs()
+        while True:
+            body: dict[str, Any] = {
+                "size": _PAGE,
+                "query": scope,
+                "sort": [{"doc_id": "asc"}],
+                "_source": fields,
+            }
+            if after is not None:
+                body["search_after"] = after
+            hits = self.client.search(index=self.docs, body=body)["hits"]["hits"]
+            docs += [Document.model_validate(hit["_source"]) for hit in hits]
+            if len(hits) < _PAGE:
+                return docs
+            after = hits[-1]["sort"]
+
+    def delete_kb_records(self, tenant_id: str, kb_id: str) -> None:
+        """Delete the KB's document records, those written just before (not yet searchable) and
+        those a worker was updating meanwhile (a version conflict skips them) included."""
+        scope = _kb_scope(tenant_id, kb_id)
+        for _ in range(DELETE_ROUNDS):
+            self.refresh_docs()
+            done = self.client.delete_by_query(
+                index=self.docs, body={"query": scope}, refresh=True, conflicts="proceed"
+            )
+            if not done.get("version_conflicts"):
+                return
+        raise Conflict("the knowledge base's documents are being changed; retry")
+
+
+def _kb_scope(tenant_id: str, kb_id: str) -> dict[str, Any]:
+    return {"bool": {"filter": [{"term": {"tenant_id": tenant_id}}, {"term": {"kb_id": kb_id}}]}}
+
+
+def _batch_scope(tenant_id: str, batch_id: str) -> dict[str, Any]:
+    return {"bool": {"filter": [{"term": {"tenant_id": tenant_id}}, {"term": {"batch_id": batch_id}}]}}

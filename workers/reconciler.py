@@ -110,7 +110,7 @@ def reconcile_once(ctx: WorkerContext) -> int:
     filters: list[dict[str, Any]] = [{"terms": {"status": ACTIVE}}]
     if not (broker_lost or dead):
         filters.append({"range": {"lease_until": {"lt": utcnow().isoformat()}}})
-    ctx.client.indices.refresh(index=ctx.registry.docs)
+    ctx.registry.refresh_docs()
     finish_deletes(ctx)  # more than a page of them waits for the next round
     sent = 0
     after: list[Any] | None = None

@@ -22,6 +22,7 @@ deterministic, so copying twice only overwrites.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import time
 from datetime import timedelta
@@ -31,27 +32,33 @@ import numpy as np
 
 from shared.embedding import Encoder, ModelUnavailable, embedded_text, encoder, for_model, servable_models
 from shared.models import DocStatus, KnowledgeBase
-from shared.registry import doc_key
-from shared.search.chunks import delete_generations
+from shared.search.chunk_index import (
+    bulk_index,
+    delete_generations,
+    delete_kb_chunks,
+    kb_chunk_pages,
+    refresh,
+)
 from shared.search.metadata import stored_metadata, with_metadata_fields
 from shared.search.placement import (
     aliased,
     kb_alias,
     kb_index,
-    kb_index_pattern,
     kb_scope,
     next_alias,
+    own_indexes,
     resolve,
+    swap_alias,
 )
-from shared.search.schema import chunk_index_body, create_index
+from shared.search.schema import chunk_index_body, create_index, drop_index
+from workers import metrics
 from workers.context import WorkerContext
-from workers.stages.store import bulk_index, mean_direction
+from workers.stages.store import mean_direction
 
 log = logging.getLogger(__name__)
 
 PAGE = 64  # chunks encoded and written per step
 SWAP_GRACE_S = 10.0  # the old index outlives the swap by this long: in-flight searches finish
-_GONE = (DocStatus.DELETING.value, DocStatus.DELETED.value)
 
 
 def reembed(ctx: WorkerContext, tenant_id: str, kb_id: str, model: str) -> dict[str, Any]:
@@ -96,7 +103,7 @@ def _target_index(ctx: WorkerContext, kb: KnowledgeBase, model: str, dimension: 
     existing = aliased(ctx.client, [following]).get(following)
     if existing is not None:
         return existing
-    own = ctx.client.indices.get(index=kb_index_pattern(ctx.settings, kb.tenant_id, kb.kb_id))
+    own = own_indexes(ctx.client, ctx.settings, kb.tenant_id, kb.kb_id)
     version = 1 + max((int(name.rsplit("-v", 1)[1]) for name in own), default=0)
     name = kb_index(ctx.settings, kb.tenant_id, kb.kb_id, model, version)
     create_index(ctx.client, name, chunk_index_body(ctx.settings, model, dimension, {following: {}}))
@@ -108,39 +115,25 @@ def _copy(ctx: WorkerContext, kb: KnowledgeBase, source_index: str, model_encode
     following = next_alias(ctx.settings, kb.tenant_id, kb.kb_id)
     copied = 0
     held = _HeldDocument()
-    page = ctx.client.search(
-        index=source_index,
-        scroll="5m",
-        size=PAGE,
-        body={
-            "query": kb_scope(kb.tenant_id, kb.kb_id),
-            "sort": [{"doc_id": "asc"}, {"generation": "asc"}, {"chunk_idx": "asc"}],
-            "_source": {"excludes": ["embedding", "document_embedding"]},
-        },
-    )
-    scroll_id = page.get("_scroll_id")
-    try:
-        while page["hits"]["hits"]:
-            hits = page["hits"]["hits"]
+    pages = kb_chunk_pages(ctx.client, source_index, kb.tenant_id, kb.kb_id, PAGE)
+    with contextlib.closing(pages):
+        for hits in pages:
             vectors = model_encoder.encode([embedded_text(h["_source"]) for h in hits])
-            active = _active_generations(ctx, kb, {h["_source"]["doc_id"] for h in hits})
+            active = ctx.registry.active_generations(
+                kb.tenant_id, kb.kb_id, {h["_source"]["doc_id"] for h in hits}
+            )
             docs: list[tuple[str, dict[str, Any]]] = []
             for hit, vector in zip(hits, vectors, strict=True):
                 if active.get(hit["_source"]["doc_id"]) == hit["_source"]["generation"]:
                     # Chunks of an earlier version's index get the typed metadata fields here.
                     source = with_metadata_fields(hit["_source"], stored_metadata(hit["_source"]))
                     docs += held.take(hit["_id"], {**source, "embedding": vector.tolist()})
-            bulk_index(ctx.client, following, docs, require_alias=True)
+            bulk_index(ctx.client, following, docs, require_alias=True, timed=metrics.bulk_request)
             copied += len(docs)
-            page = ctx.client.scroll(scroll_id=scroll_id, scroll="5m")
-            scroll_id = page.get("_scroll_id", scroll_id)
-        last = held.release()
-        bulk_index(ctx.client, following, last, require_alias=True)
-        copied += len(last)
-    finally:
-        if scroll_id:
-            ctx.client.clear_scroll(scroll_id=scroll_id, ignore=[404])
-    ctx.client.indices.refresh(index=following)
+    last = held.release()
+    bulk_index(ctx.client, following, last, require_alias=True, timed=metrics.bulk_request)
+    copied += len(last)
+    refresh(ctx.client, following)
     return copied
 
 
@@ -179,21 +172,6 @@ class _HeldDocument:
         return [(chunk_id, source if direction is None else {**source, "document_embedding": direction})]
 
 
-def _active_generations(ctx: WorkerContext, kb: KnowledgeBase, doc_ids: set[str]) -> dict[str, int]:
-    """doc_id -> the generation readers see, for documents that are not deleted."""
-    found = ctx.client.mget(
-        index=ctx.registry.docs,
-        body={"ids": [doc_key(kb.tenant_id, kb.kb_id, d) for d in sorted(doc_ids)]},
-        _source_includes=["doc_id", "status", "active_generation"],
-    )
-    active: dict[str, int] = {}
-    for entry in found["docs"]:
-        record = entry.get("_source")
-        if record and record["status"] not in _GONE and record.get("active_generation") is not None:
-            active[record["doc_id"]] = int(record["active_generation"])
-    return active
-
-
 def _swap(ctx: WorkerContext, kb: KnowledgeBase, old: str, new: str) -> None:
     """Point the KB's alias at the new index and retire the "next" alias, in one atomic call."""
     alias = kb_alias(ctx.settings, kb.tenant_id, kb.kb_id)
@@ -202,7 +180,7 @@ def _swap(ctx: WorkerContext, kb: KnowledgeBase, old: str, new: str) -> None:
         {"remove": {"index": new, "alias": next_alias(ctx.settings, kb.tenant_id, kb.kb_id)}},
         {"add": {"index": new, "alias": alias}},
     ]
-    ctx.client.indices.update_aliases(body={"actions": actions})
+    swap_alias(ctx.client, actions)
 
 
 def _sweep(ctx: WorkerContext, kb: KnowledgeBase, since: Any) -> int:
@@ -236,13 +214,11 @@ def _sweep(ctx: WorkerContext, kb: KnowledgeBase, since: Any) -> int:
 
 def _retire(ctx: WorkerContext, kb: KnowledgeBase, old: str, new: str) -> None:
     """Drop the old index if it was the KB's own; from the shared index, delete the KB's chunks."""
-    own = ctx.client.indices.get(index=kb_index_pattern(ctx.settings, kb.tenant_id, kb.kb_id))
+    own = own_indexes(ctx.client, ctx.settings, kb.tenant_id, kb.kb_id)
     if old in own and old != new:
-        ctx.client.indices.delete(index=old)
+        drop_index(ctx.client, old)
         return
-    ctx.client.delete_by_query(
-        index=old, body={"query": kb_scope(kb.tenant_id, kb.kb_id)}, refresh=True, conflicts="proceed"
-    )
+    delete_kb_chunks(ctx.client, old, kb.tenant_id, kb.kb_id)
 
 
 def _abandon(
@@ -252,7 +228,7 @@ def _abandon(
     log.exception("reembed of %s failed", kb_id, exc_info=error)
     alias = kb_alias(ctx.settings, tenant_id, kb_id)
     if target is not None and aliased(ctx.client, [alias]).get(alias) != target:
-        ctx.client.indices.delete(index=target, ignore=[404])
+        drop_index(ctx.client, target, missing_ok=True)
     reason = f"{type(error).__name__}: {error}"[:500]
 
     def give_up(record: KnowledgeBase) -> KnowledgeBase:

@@ -50,12 +50,7 @@ class LiveCollector(Collector):
         now = time.monotonic()
         if self._statuses is not None and now - self._statuses[0] < STATUS_CACHE_S:
             return self._statuses[1]
-        response = self.state.client.search(
-            index=self.state.registry.docs,
-            body={"size": 0, "aggs": {"status": {"terms": {"field": "status", "size": 20}}}},
-            request_timeout=ASK_TIMEOUT_S,
-        )
-        counts = {b["key"]: int(b["doc_count"]) for b in response["aggregations"]["status"]["buckets"]}
+        counts = self.state.registry.status_counts(request_timeout=ASK_TIMEOUT_S)
         self._statuses = (now, counts)
         return counts
 

@@ -19,6 +19,7 @@ from services.api.single_flight import SingleFlight
 from services.api.state import AppState
 from shared.config import Settings
 from shared.queue import ping_workers
+from shared.search.client import cluster_status
 
 # Each dependency's own bound on one question (a request timeout, socket timeouts, a ping).
 ASK_TIMEOUT_S = 2.0
@@ -48,8 +49,8 @@ def _asked(question: Callable[[], Check]) -> Callable[[], Check]:
 
 
 def _opensearch(client: OpenSearch) -> Check:
-    health = client.cluster.health(request_timeout=ASK_TIMEOUT_S)
-    return {"ok": health["status"] in ("green", "yellow"), "status": health["status"]}
+    status = cluster_status(client, ASK_TIMEOUT_S)
+    return {"ok": status in ("green", "yellow"), "status": status}
 
 
 def _redis(client: redis.Redis) -> Check:

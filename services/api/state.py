@@ -16,8 +16,9 @@ from shared.ingest import Ingestor
 from shared.queue import broker_client, redis_client
 from shared.registry import Registry
 from shared.search.client import build_client
-from shared.search.hybrid import Searcher, SearchRequest, SearchResponse
+from shared.search.requests import SearchRequest, SearchResponse
 from shared.search.schema import ensure_indexes
+from shared.search.searcher import Searcher
 
 
 @dataclass

@@ -12,7 +12,7 @@ from typing import Any
 
 from pydantic import BaseModel
 
-from shared.search.hybrid import SearchResponse
+from shared.search.requests import SearchResponse
 
 # The dialect our output schemas are written in. Left undeclared, a client validates with the
 # latest draft, and checking the schema itself against the 2020-12 meta-schema made the official

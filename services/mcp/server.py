@@ -30,7 +30,7 @@ from services.mcp.output_schema import client_schema, structured
 from shared.catalog import BatchView, DocumentPage, DocumentStatus, DocumentText, KbView
 from shared.errors import ErrorCode, RaglineError
 from shared.models import ID_PATTERN, DocStatus
-from shared.search.hybrid import Filters, Mode, SearchRequest, SearchResponse
+from shared.search.requests import Filters, Mode, SearchRequest, SearchResponse
 
 log = logging.getLogger(__name__)
 

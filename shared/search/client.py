@@ -1,4 +1,4 @@
-"""The OpenSearch client, configured from settings."""
+"""The OpenSearch client, configured from settings, and the cluster health probe."""
 
 from __future__ import annotations
 
@@ -24,3 +24,8 @@ def build_client(settings: OpenSearchSettings) -> OpenSearch:
         # opened a connection of its own and logged "Connection pool is full" when closing it.
         pool_maxsize=settings.pool_maxsize,
     )
+
+
+def cluster_status(client: OpenSearch, timeout_s: float) -> str:
+    """The cluster's health colour (green, yellow, red), for readiness probes."""
+    return str(client.cluster.health(request_timeout=timeout_s)["status"])

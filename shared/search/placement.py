@@ -100,7 +100,7 @@ def attach_to_default(client: OpenSearch, settings: Settings, kbs: list[tuple[st
         {"add": {"index": index, "alias": kb_alias(settings, t, k), "filter": kb_scope(t, k)}} for t, k in kbs
     ]
     if actions:
-        client.indices.update_aliases(body={"actions": actions})
+        swap_alias(client, actions)
 
 
 def resolve(
@@ -146,6 +146,22 @@ class RecentPlacements:
                 self._known.update({kb: (now + PLACEMENT_TTL_S, p) for kb, p in found.items()})
             recent.update(found)
         return recent
+
+
+def own_indexes(client: OpenSearch, settings: Settings, tenant_id: str, kb_id: str) -> list[str]:
+    """The indexes of the KB's own (made by reembeds), by name."""
+    return list(client.indices.get(index=kb_index_pattern(settings, tenant_id, kb_id)))
+
+
+def swap_alias(client: OpenSearch, actions: list[dict[str, Any]]) -> None:
+    """Apply alias `actions` in one atomic `_aliases` call."""
+    client.indices.update_aliases(body={"actions": actions})
+
+
+def drop_aliases(client: OpenSearch, settings: Settings, tenant_id: str, kb_id: str) -> None:
+    """Remove the KB's alias and its "next" alias, wherever they point."""
+    aliases = [kb_alias(settings, tenant_id, kb_id), next_alias(settings, tenant_id, kb_id)]
+    client.indices.delete_alias(index="_all", name=",".join(aliases), ignore=[404])
 
 
 def write_targets(client: OpenSearch, settings: Settings, tenant_id: str, kb_id: str) -> list[Placement]:

@@ -271,3 +271,11 @@ def create_index(client: OpenSearch, name: str, body: dict[str, Any]) -> bool:
             raise
         return False
     return True
+
+
+def drop_index(client: OpenSearch, name: str, *, missing_ok: bool = False) -> None:
+    """Delete an index (or several, comma-joined); a missing one is an error unless `missing_ok`."""
+    if missing_ok:
+        client.indices.delete(index=name, ignore=[404])
+    else:
+        client.indices.delete(index=name)

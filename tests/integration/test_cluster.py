@@ -35,8 +35,9 @@ from shared.models import DocStatus, KnowledgeBase
 from shared.queue import all_queues, broker_client, lane_queues
 from shared.registry import Registry
 from shared.search.client import build_client
-from shared.search.hybrid import Searcher, SearchRequest
+from shared.search.requests import SearchRequest
 from shared.search.schema import chunks_alias, docs_index, ensure_indexes
+from shared.search.searcher import Searcher
 from tests.integration.helpers import new_kb, wait_terminal
 from workers.leader import _dead_here
 from workers.reconciler import EPOCH_KEY

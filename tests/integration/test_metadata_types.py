@@ -18,13 +18,15 @@ from shared.config import Settings
 from shared.ingest import Ingestor
 from shared.models import DocStatus, Document, KnowledgeBase, Reembed
 from shared.registry import Registry
-from shared.search.hybrid import Searcher, SearchRequest
+from shared.search.chunk_index import bulk_index
+from shared.search.requests import SearchRequest
 from shared.search.schema import chunk_index_body, chunks_alias, chunks_mapping, upgrade_chunk_indexes
+from shared.search.searcher import Searcher
 from tests.integration.helpers import new_kb, wait_terminal
 from workers.context import WorkerContext
 from workers.reembed import reembed
 from workers.stages.embed import encode_b64
-from workers.stages.store import bulk_index, chunk_doc_id, chunk_source
+from workers.stages.store import chunk_doc_id, chunk_source
 
 pytestmark = pytest.mark.integration
 

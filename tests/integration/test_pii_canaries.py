@@ -21,8 +21,9 @@ from shared.config import Settings
 from shared.ingest import Ingestor
 from shared.models import DEFAULT_PII_ENTITIES, DocStatus
 from shared.registry import Registry
-from shared.search.hybrid import Searcher, SearchRequest
+from shared.search.requests import SearchRequest
 from shared.search.schema import chunks_alias
+from shared.search.searcher import Searcher
 from tests.fixtures.pii_canaries import CANARIES, documents, fresh_canaries, on_borders, planted
 from tests.integration.helpers import chunks_of, new_kb, wait_terminal
 from tests.integration.pii_leaks import index_leaks

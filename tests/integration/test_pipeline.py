@@ -15,8 +15,9 @@ from shared.embedding import token_counter
 from shared.ingest import Ingestor
 from shared.models import DocStatus, KnowledgeBase, Outcome
 from shared.registry import Registry, doc_key
-from shared.search.hybrid import Searcher, SearchRequest
+from shared.search.requests import SearchRequest
 from shared.search.schema import chunks_alias, docs_index
+from shared.search.searcher import Searcher
 from tests.fixtures import samples
 from tests.integration.helpers import chunks_of, new_kb, wait_terminal
 

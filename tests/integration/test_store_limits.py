@@ -16,9 +16,10 @@ from shared.errors import ErrorCode, PermanentError
 from shared.ingest import Ingestor
 from shared.models import DocStatus
 from shared.registry import Registry
-from shared.search.hybrid import Searcher, SearchRequest
+from shared.search.chunk_index import bulk_index
+from shared.search.requests import SearchRequest
+from shared.search.searcher import Searcher
 from tests.integration.helpers import chunks_of, new_kb, wait_terminal
-from workers.stages.store import bulk_index
 
 pytestmark = pytest.mark.integration
 

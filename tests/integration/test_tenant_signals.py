@@ -16,7 +16,8 @@ from shared.config import Settings
 from shared.ingest import Ingestor
 from shared.models import DocStatus, KnowledgeBase
 from shared.registry import Registry
-from shared.search.hybrid import Searcher, SearchRequest
+from shared.search.requests import SearchRequest
+from shared.search.searcher import Searcher
 from tests.integration.helpers import new_kb, wait_terminal
 
 pytestmark = pytest.mark.integration

@@ -10,7 +10,7 @@ from jsonschema import Draft7Validator
 
 from services.mcp.output_schema import DIALECT, client_schema, inline_nested_refs, nullable_types, structured
 from shared.models import KbSettings
-from shared.search.hybrid import ArmResult, Hit, SearchResponse
+from shared.search.requests import ArmResult, Hit, SearchResponse
 
 HIT = {"text": "t", "score": 1.0, "kb_id": "k", "doc_id": "d", "chunk_idx": 0, "page_num": None}
 # (result, valid) pairs: what any rewrite of the search schema must still accept and refuse.

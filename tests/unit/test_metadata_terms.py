@@ -10,7 +10,6 @@ import pytest
 from pydantic import ValidationError
 
 from shared.search.fusion import Fusion
-from shared.search.hybrid import Filters, Range, SearchRequest, filter_clauses, reported_scores
 from shared.search.metadata import (
     DATES,
     MAX_TERMS,
@@ -27,6 +26,9 @@ from shared.search.metadata import (
     stored_metadata,
     with_metadata_fields,
 )
+from shared.search.queries import filter_clauses
+from shared.search.requests import Filters, Range, SearchRequest
+from shared.search.searcher import reported_scores
 
 
 def _in(term_range: dict[str, Any], term: str) -> bool:

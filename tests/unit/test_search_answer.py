@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from shared.search.hybrid import Searcher, SearchRequest, _Keys
+from shared.search.requests import SearchRequest
+from shared.search.searcher import Searcher, _Keys
 
 
 class _Registry(Searcher):

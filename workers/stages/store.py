@@ -7,7 +7,7 @@ runner's write that marks the document ready) before the old generation's chunks
 so a reader never finds the document without chunks.
 
 A document's first chunk also carries the whole document's fields: its text and the normalized
-mean of its chunk vectors, which the document ranking arms search (shared/search/hybrid.py).
+mean of its chunk vectors, which the document ranking arms search (shared/search/queries.py).
 
 Writes go through the KB's alias (and, while a reembed runs, its "next" alias), never to a physical
 name: `require_alias` means a write can never create an index. After writing, the store resolves
@@ -20,21 +20,16 @@ from __future__ import annotations
 
 import hashlib
 import logging
-import re
-import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
-from opensearchpy import OpenSearch
-from opensearchpy.exceptions import ConnectionError as OSConnectionError
-from opensearchpy.exceptions import TransportError
 
 from shared.embedding import embedded_text, encoder, for_model
-from shared.errors import ErrorCode, PermanentError, RaglineError, TransientError
+from shared.errors import PermanentError, RaglineError, TransientError
 from shared.models import Document, utcnow
-from shared.search.chunks import delete_generations
+from shared.search.chunk_index import Sources, bulk_index, delete_generations, refresh
 from shared.search.metadata import with_metadata_fields
 from shared.search.placement import Placement, write_aliases, write_targets
 from workers import metrics
@@ -44,9 +39,6 @@ from workers.stages.embed import decode_b64
 
 log = logging.getLogger(__name__)
 
-BULK_ACTIONS = 200
-ITEM_RETRIES = 4
-_RETRYABLE_STATUS = {429, 502, 503, 504}
 # BM25 length normalization already discounts long documents; past this, more text only costs.
 DOCUMENT_TEXT_CHARS = 1_000_000
 
@@ -111,65 +103,7 @@ def with_document_fields(sources: list[tuple[str, dict[str, Any]]]) -> list[tupl
     return [(first_id, {**first, **fields}), *sources[1:]]
 
 
-def bulk_index(
-    client: OpenSearch, index: str, docs: list[tuple[str, dict[str, Any]]], *, require_alias: bool = False
-) -> None:
-    """Index (id, source) pairs; retry transient item failures, raise on permanent ones."""
-    pending = docs
-    for attempt in range(ITEM_RETRIES + 1):
-        failed: list[tuple[str, dict[str, Any]]] = []
-        for first in range(0, len(pending), BULK_ACTIONS):
-            batch = pending[first : first + BULK_ACTIONS]
-            body: list[dict[str, Any]] = []
-            for doc_id, source in batch:
-                action: dict[str, Any] = {"_index": index, "_id": doc_id}
-                if require_alias:
-                    action["require_alias"] = True
-                body += [{"index": action}, source]
-            try:
-                with metrics.bulk_request():
-                    response = client.bulk(body=body)
-            except (OSConnectionError, TransportError) as error:
-                status = getattr(error, "status_code", None)
-                if isinstance(status, int) and status not in _RETRYABLE_STATUS:
-                    raise
-                raise TransientError(f"OpenSearch bulk request failed ({type(error).__name__})") from None
-            if not response.get("errors"):
-                continue
-            for (doc_id, source), item in zip(batch, response["items"], strict=True):
-                result = item["index"]
-                if result.get("status", 500) < 300:
-                    continue
-                if result.get("status") in _RETRYABLE_STATUS:
-                    failed.append((doc_id, source))
-                    continue
-                raise PermanentError(
-                    f"a chunk was rejected by the index ({rejection(result.get('error'))})",
-                    code=ErrorCode.INVALID_ARGUMENT,
-                )
-        if not failed:
-            return
-        log.warning("bulk: %d items to retry (attempt %d)", len(failed), attempt + 1)
-        pending = failed
-        time.sleep(min(8.0, 0.5 * 2**attempt))
-    raise TransientError(f"{len(pending)} chunks could not be indexed after {ITEM_RETRIES} retries")
-
-
-def rejection(error: Any) -> str:
-    """The kind of an item's rejection, from OpenSearch's exception types only: its `reason` quotes
-    field names and values (caller metadata, document text), which a status or log never holds."""
-    kinds: list[str] = []
-    while isinstance(error, dict) and len(kinds) < 3:
-        kind = error.get("type")
-        if isinstance(kind, str) and re.fullmatch(r"[a-z_]{1,80}", kind):
-            kinds.append(kind)
-        error = error.get("caused_by")
-    return ": ".join(kinds) or "unknown"
-
-
 MAX_MOVES = 5  # alias moves survived in one store; a reembed makes at most one
-
-Sources = list[tuple[str, dict[str, Any]]]
 
 
 @dataclass(frozen=True)
@@ -204,7 +138,7 @@ def run_batch(
         for position, error in _write_kb(ctx, tenant_id, kb_id, docs, written).items():
             results[position] = error
     for alias in sorted(written):
-        ctx.client.indices.refresh(index=alias)
+        refresh(ctx.client, alias)
     return results
 
 
@@ -269,7 +203,13 @@ def _write(
     """Write the documents' chunks through `target`'s alias, with vectors of its index's model."""
     batch = [(d.position, _for_target(ctx, target, d)) for d in docs]
     try:
-        bulk_index(ctx.client, target.alias, [s for _, sources in batch for s in sources], require_alias=True)
+        bulk_index(
+            ctx.client,
+            target.alias,
+            [s for _, sources in batch for s in sources],
+            require_alias=True,
+            timed=metrics.bulk_request,
+        )
         return {}
     except PermanentError as error:
         # The alias moved between resolving and writing (to an index of another dimension, or
@@ -281,7 +221,7 @@ def _write(
     failed: dict[int, RaglineError] = {}
     for position, sources in batch:  # which documents the index rejects: one bulk each
         try:
-            bulk_index(ctx.client, target.alias, sources, require_alias=True)
+            bulk_index(ctx.client, target.alias, sources, require_alias=True, timed=metrics.bulk_request)
         except PermanentError as error:
             failed[position] = error
     return failed

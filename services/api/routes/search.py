@@ -7,7 +7,7 @@ from fastapi.responses import Response
 from starlette.concurrency import run_in_threadpool
 
 from services.api.deps import Reader, State
-from shared.search.hybrid import SearchRequest, SearchResponse
+from shared.search.requests import SearchRequest, SearchResponse
 
 router = APIRouter(tags=["search"])
 
