@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from mcp.server.fastmcp.server import StreamableHTTPASGIApp
+from typing import Any
+
+from mcp.server.fastmcp import FastMCP
 from mcp.server.sse import SseServerTransport
 from mcp.server.transport_security import TransportSecurityMiddleware
 from starlette.datastructures import Headers
@@ -12,7 +14,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 from services.api.auth import KeyRing, key_from_headers
 from services.api.errors import envelope
-from services.mcp.server import RaglineMCP
+from services.mcp.sdk_patches import limit_sse_posts, low_level_server
 from services.mcp.sessions import EnvelopeBodyLimit, install_sessions, owner
 from shared.config import ApiSettings
 from shared.errors import RaglineError
@@ -39,7 +41,7 @@ class KeyGate:
         await self.app(scope, receive, send)
 
 
-def mcp_routes(mcp: RaglineMCP, keys: KeyRing, api: ApiSettings) -> list[Route | Mount]:
+def mcp_routes(mcp: FastMCP[Any], keys: KeyRing, api: ApiSettings) -> list[Route | Mount]:
     """Streamable HTTP at /mcp, and SSE (older clients) at /mcp/sse with posts to /mcp/messages/.
 
     The caller must run `mcp.session_manager.run()` in its lifespan.
@@ -51,8 +53,8 @@ def mcp_routes(mcp: RaglineMCP, keys: KeyRing, api: ApiSettings) -> list[Route |
         max_request_body_size=api.mcp_request_limit,
     )
     # The SDK answers an oversized post to a session as plain text; ours say TOO_LARGE as JSON.
-    sse._post_message_app = EnvelopeBodyLimit(sse._handle_post_message, api.mcp_request_limit)
-    server = mcp._mcp_server  # the SDK's own sse_app() runs the low-level server the same way
+    limit_sse_posts(sse, EnvelopeBodyLimit, api.mcp_request_limit)
+    server = low_level_server(mcp)  # the SDK's own sse_app() runs the low-level server the same way
 
     security = TransportSecurityMiddleware(mcp.settings.transport_security)
 
@@ -67,7 +69,7 @@ def mcp_routes(mcp: RaglineMCP, keys: KeyRing, api: ApiSettings) -> list[Route |
             await server.run(read, write, server.create_initialization_options())
 
     return [
-        _Labelled("/mcp", endpoint=KeyGate(StreamableHTTPASGIApp(sessions), keys)),
+        _Labelled("/mcp", endpoint=KeyGate(sessions.handle_request, keys)),
         _Labelled("/mcp/sse", endpoint=KeyGate(handle_sse, keys)),
         _LabelledMount("/mcp/messages/", app=KeyGate(sse.handle_post_message, keys)),
     ]

@@ -20,8 +20,8 @@ from typing import Any
 
 from mcp.server.auth.middleware.bearer_auth import AuthenticatedUser, AuthorizationContext
 from mcp.server.auth.provider import AccessToken
+from mcp.server.fastmcp import FastMCP
 from mcp.server.lowlevel.server import Server as MCPServer
-from mcp.server.streamable_http import StreamableHTTPServerTransport
 from mcp.server.transport_security import RequestBodyLimitMiddleware
 from starlette.datastructures import Headers
 from starlette.responses import JSONResponse
@@ -29,8 +29,7 @@ from starlette.types import Message, Receive, Scope, Send
 
 from services.api.auth import Principal
 from services.api.errors import envelope
-from services.mcp.answer_mode import PerRequestSessions
-from services.mcp.server import RaglineMCP
+from services.mcp.sdk_patches import PerRequestSessions, install_session_manager
 from shared.config import ApiSettings
 from shared.errors import ErrorCode
 
@@ -133,18 +132,16 @@ class TenantSessions(PerRequestSessions):
     """`PerRequestSessions` with a cap of open sessions per tenant and the JSON body limit."""
 
     def __init__(self, app: MCPServer[Any, Any], *, per_tenant: int, retry_after_s: int, **sdk: Any) -> None:
-        super().__init__(app, **sdk)
+        super().__init__(app, body_limit=EnvelopeBodyLimit, **sdk)
         self.per_tenant = per_tenant
         self.retry_after_s = retry_after_s
-        self.asgi_app = EnvelopeBodyLimit(self._handle_request, self.max_request_body_size)
 
     def open_sessions(self, tenant: str) -> int:
-        return sum(1 for who in self._session_owners.values() if who["client_id"] == tenant)
+        return sum(1 for who in self.session_owners() if who["client_id"] == tenant)
 
-    def _admit_session(self, requestor: AuthorizationContext | None) -> StreamableHTTPServerTransport | None:
+    def before_admission(self, requestor: AuthorizationContext | None) -> None:
         if requestor is not None and self.open_sessions(requestor["client_id"]) >= self.per_tenant:
             raise _TenantFull(requestor["client_id"], self.per_tenant)
-        return super()._admit_session(requestor)
 
     async def handle_request(self, scope: Scope, receive: Receive, send: Send) -> None:
         try:
@@ -160,21 +157,15 @@ class TenantSessions(PerRequestSessions):
             await response(scope, receive, send)
 
 
-def install_sessions(mcp: RaglineMCP, api: ApiSettings) -> TenantSessions:
-    """Give `mcp` a `TenantSessions` built as FastMCP builds its own session manager."""
-    settings = mcp.settings
-    if settings.stateless_http:
-        raise ValueError("the per-request answer mode is built for stateful sessions")
-    sessions = TenantSessions(
-        app=mcp._mcp_server,
-        event_store=mcp._event_store,
-        retry_interval=mcp._retry_interval,
-        security_settings=settings.transport_security,
-        max_request_body_size=api.mcp_request_limit,
-        session_idle_timeout=settings.session_idle_timeout,
-        max_sessions=settings.max_sessions,
-        per_tenant=api.mcp_sessions_per_tenant,
-        retry_after_s=api.retry_after_s,
-    )
-    mcp._session_manager = sessions
-    return sessions
+def install_sessions(mcp: FastMCP[Any], api: ApiSettings) -> TenantSessions:
+    """Give `mcp` a `TenantSessions` with the API's limits, built as FastMCP builds its own."""
+
+    def make(**sdk: Any) -> TenantSessions:
+        return TenantSessions(
+            max_request_body_size=api.mcp_request_limit,
+            per_tenant=api.mcp_sessions_per_tenant,
+            retry_after_s=api.retry_after_s,
+            **sdk,
+        )
+
+    return install_session_manager(mcp, make)

@@ -7,7 +7,7 @@ from fastapi.testclient import TestClient
 from pydantic import BaseModel, Field
 
 from services.api import errors
-from services.mcp.server import _error_result
+from services.mcp.results import error_result
 
 CANARY = "canary-8c1f-private-content"
 
@@ -50,6 +50,6 @@ def test_a_validation_error_names_fields_but_not_their_values() -> None:
 
 
 def test_an_mcp_tool_bug_is_internal_without_its_text() -> None:
-    result = _error_result(RuntimeError(f"failed while handling {CANARY}"))
+    result = error_result(RuntimeError(f"failed while handling {CANARY}"))
     assert result.isError
     assert [block.text for block in result.content if block.type == "text"] == ["INTERNAL: internal error"]
