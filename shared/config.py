@@ -76,7 +76,9 @@ class OpenSearchSettings(_Section):
         description="Prefix of every index and alias Ragline creates.",
     )
     shards: int = Field(1, ge=1, le=1024, description="Primary shards of the chunk index.")
-    replicas: int = Field(0, ge=0, le=16, description="Replicas of each Ragline index.")
+    replicas: int = Field(
+        0, ge=0, le=16, description="Replicas of each Ragline index (0 suits one node; use 1 on a cluster)."
+    )
     refresh_interval: str = Field(
         "1s", pattern=r"^(-1|\d+(ms|s|m))$", description="Index refresh interval ('-1' disables)."
     )
@@ -113,7 +115,7 @@ class RedisSettings(_Section):
 
 
 class CelerySettings(_Section):
-    """Reliability knobs of the task queue (see DESIGN.md section 5)."""
+    """Reliability knobs of the task queue (see docs/architecture.md#pipeline-stages)."""
 
     visibility_timeout_s: int = Field(
         3600,
@@ -132,7 +134,8 @@ class CelerySettings(_Section):
         8,
         ge=1,
         le=10_000,
-        description="Bulk documents admitted to the queue at a time (fair share across lanes).",
+        description="Bulk documents admitted from the fair lanes to the queue at a time: deeper favours "
+        "bigger embedding batches, shallower favours fairness.",
     )
     reconcile_interval_s: float = Field(
         15.0, ge=1, le=3600, description="How often the reconciler looks for documents to send again."
@@ -141,7 +144,8 @@ class CelerySettings(_Section):
         60.0,
         ge=3,
         le=3600,
-        description="Lease of a running stage, renewed by a heartbeat; a worker silent this long is stuck.",
+        description="Lease of a running stage, renewed by a heartbeat every quarter of it: a document "
+        "whose worker died is sent again within about this long.",
     )
     queues: list[str] = Field(
         default_factory=lambda: ["interactive", "bulk"],
@@ -268,11 +272,20 @@ class ApiKey(_Section):
 class AuthSettings(_Section):
     """Who may call the HTTP surfaces. Without keys, anonymous access must be asked for explicitly."""
 
-    api_keys: list[ApiKey] = Field(default_factory=list, description="Accepted API keys.")
-    keys_file: Path | None = Field(None, description="JSON file with more keys (same shape as api_keys).")
+    api_keys: list[ApiKey] = Field(
+        default_factory=list,
+        description="Accepted API keys, as a JSON list of "
+        "{key, tenant, role, name, expires_at, revoked} (see the API key fields below).",
+    )
+    keys_file: Path | None = Field(
+        None,
+        description="JSON file with more keys (same shape as api_keys), re-read on every request when "
+        "its content changed: add, revoke or expire keys without a restart.",
+    )
     allow_anonymous: bool = Field(
         False,
-        description="Serve without keys, as the configured tenant with the admin role (local use only).",
+        description="Serve without keys, as the configured tenant with the admin role (local use only); "
+        "refused when keys are configured, and with neither the API refuses to start.",
     )
 
 
@@ -281,8 +294,13 @@ class ApiSettings(_Section):
 
     host: str = Field("127.0.0.1", description="Bind address.")
     port: int = Field(8000, ge=1, le=65535, description="Bind port.")
-    max_file_bytes: int = Field(100 << 20, ge=1, description="Largest accepted file.")
-    max_request_bytes: int = Field(512 << 20, ge=1, description="Largest accepted request body.")
+    max_file_bytes: int = Field(100 << 20, ge=1, description="Largest accepted file (413 TOO_LARGE).")
+    max_request_bytes: int = Field(
+        512 << 20,
+        ge=1,
+        description="Largest accepted request body (413 TOO_LARGE); a JSON upload's body may hold "
+        "max_file_bytes and a quarter more, plus the metadata.",
+    )
     max_json_bytes: int = Field(
         1 << 20,
         ge=1024,
@@ -355,7 +373,12 @@ class MetricsSettings(_Section):
 
     worker_host: str = Field("127.0.0.1", description="Bind address of a worker's metrics endpoint.")
     # Off by default: several workers on one host would fight over any fixed port.
-    worker_port: int = Field(0, ge=0, le=65535, description="Port of a worker's /metrics; 0 disables it.")
+    worker_port: int = Field(
+        0,
+        ge=0,
+        le=65535,
+        description="Port of a worker's /metrics; 0 serves none (make up's worker: the API port + 1000).",
+    )
     tenant_labels: bool = Field(
         False,
         description="Name tenants and KBs in labels (the deepest fair lanes); off, /metrics, served "

@@ -30,7 +30,7 @@ def utcnow() -> datetime:
 
 
 class DocStatus(StrEnum):
-    """Lifecycle of a document (DESIGN.md section 4)."""
+    """Lifecycle of a document (docs/architecture.md#registry-and-status)."""
 
     QUEUED = "queued"
     PARSING = "parsing"

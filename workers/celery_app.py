@@ -1,4 +1,4 @@
-"""The Celery application of the Ragline workers, with the reliability settings of DESIGN.md section 5."""
+"""The workers' Celery application and its reliability settings (docs/architecture.md#pipeline-stages)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The worker's Celery configuration carries the reliability settings of DESIGN.md section 5."""
+"""The worker's Celery configuration has its reliability settings (docs/architecture.md#pipeline-stages)."""
 
 from __future__ import annotations
 

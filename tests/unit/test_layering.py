@@ -1,4 +1,4 @@
-"""The architecture's import rules (DESIGN.md section 2), checked on the source."""
+"""The architecture's import rules (docs/architecture.md#layout-and-layering), checked on the source."""
 
 from __future__ import annotations
 
