@@ -7,8 +7,8 @@ from typing import Any
 from shared.errors import RaglineError
 from shared.models import Document, Stage
 from workers.context import WorkerContext
-from workers.runner import BATCHED_STAGES, BatchFn, StageFn, StageResult, Stages
 from workers.stages import chunk, embed, enrich, parse, pii, store
+from workers.stages.base import BATCHED_STAGES, BatchFn, StageFn, StageResult, Stages
 
 
 def _single(batch: BatchFn) -> StageFn:

@@ -24,22 +24,17 @@ import contextlib
 import json
 import logging
 import os
-import random
 import socket
 import time
 from collections import deque
-from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
 from typing import Any, NoReturn
 
-from celery.exceptions import SoftTimeLimitExceeded
-from opensearchpy.exceptions import ConnectionError as OpenSearchConnectionError
-from opensearchpy.exceptions import TransportError
 from redis.exceptions import RedisError
 
 from shared import blobs, logs, tracing
-from shared.errors import ErrorCode, OutageError, RaglineError, TransientError
+from shared.errors import ErrorCode, OutageError, RaglineError
 from shared.ingest import QUEUE_LEASE, STAGE_TASK, StageRef, hand_to_reconciler
 from shared.models import PIPELINE, STAGE_STATUS, DocStatus, Document, ErrorInfo, Stage, utcnow
 from shared.queue import enqueue, stage_queue
@@ -47,41 +42,15 @@ from shared.registry import Conflict, Versioned
 from shared.stage_metrics import record_stage
 from workers import metrics
 from workers.context import WorkerContext
+from workers.failures import backoff, classify, is_outage, outage_countdown
 from workers.lease import LeaseKeeper
-from workers.sandbox import describe
+from workers.stages.base import BATCHED_STAGES, StageResult, Stages
 
 log = logging.getLogger(__name__)
 
 PEER_DOCS = 31  # documents taken along by a batched stage, besides its own
-BATCHED_STAGES = frozenset({Stage.EMBED, Stage.STORE})
 MAX_TRANSITIONS = 64
 WORKER_ID = f"{socket.gethostname()}:{os.getpid()}"
-
-
-@dataclass
-class StageResult:
-    """What a stage produced: the artifact for the next stage and registry fields to set."""
-
-    artifact: Any
-    updates: dict[str, Any] = field(default_factory=dict)
-    # Runs only after the registry recorded this result (e.g. retiring an old generation).
-    after: Callable[[], None] | None = None
-
-
-StageFn = Callable[[WorkerContext, Document, Any], StageResult]
-# A stage that can run several documents at once; one result (or error) per document, in order.
-BatchFn = Callable[[WorkerContext, list[tuple[Document, Any]]], list["StageResult | RaglineError"]]
-
-
-@dataclass(frozen=True)
-class Stages:
-    """What the runner runs: each stage's function, the batched stages' batch functions, and the
-    stages a task runs straight after the stage before them (a batched one among them runs the
-    documents handed on together as its batch)."""
-
-    functions: Mapping[Stage, StageFn]
-    batches: Mapping[Stage, BatchFn]
-    chained: frozenset[Stage]
 
 
 _UNREAD = object()  # a stage input still in the blob store (the stage before ran in another task)
@@ -111,18 +80,6 @@ class Retry(Exception):
         super().__init__(f"retry in {countdown:.1f}s")
         self.countdown = countdown
         self.counted = counted
-
-
-def is_outage(error: BaseException) -> bool:
-    """True when a backing service is unreachable or overloaded, not when a document is bad."""
-    if isinstance(error, OutageError | OpenSearchConnectionError | RedisError):
-        return True
-    return isinstance(error, TransportError) and error.status_code in (429, 502, 503, 504)
-
-
-def outage_countdown() -> float:
-    """Seconds before a stage blocked by an outage tries again: short, jittered, never used up."""
-    return random.uniform(2.0, 10.0)  # noqa: S311  (jitter, not security)
 
 
 def _ref_fields(ref: StageRef) -> dict[str, Any]:
@@ -224,11 +181,6 @@ def _load_input(ctx: WorkerContext, ref: StageRef, doc: Document) -> Any:
         return ctx.blobs.path_of(doc.content_hash)
     previous = PIPELINE[PIPELINE.index(ref.stage) - 1]
     return ctx.blobs.get_artifact(artifact_key(ref, previous))
-
-
-def backoff(attempt: int, cap: float) -> float:
-    """Exponential backoff with full jitter."""
-    return random.uniform(0, min(cap, 2.0**attempt))  # noqa: S311  (jitter, not security)
 
 
 def run_stage(ctx: WorkerContext, ref: StageRef, stages: Stages, retries_done: int) -> None:
@@ -347,29 +299,6 @@ def _input(ctx: WorkerContext, item: _Item) -> Any:
     if item.artifact is not _UNREAD:
         return item.artifact
     return _load_input(ctx, item.ref, item.claim.doc)
-
-
-def classify(ref: StageRef, error: Exception) -> RaglineError:
-    """The typed failure behind an exception: transient ones retry, the rest fail the document."""
-    if isinstance(error, RaglineError):
-        return error
-    if isinstance(error, SoftTimeLimitExceeded):
-        return RaglineError(f"the {ref.stage} stage ran out of time", code=ErrorCode.TIMEOUT)
-    if isinstance(error, TransportError) and is_outage(error):
-        return OutageError(f"OpenSearch is unavailable or overloaded ({error.status_code})")
-    if is_outage(error) or isinstance(error, OSError):
-        # The document's status names the class only; the operator needs the cause.
-        log.warning("%s for %s/%s failed: %s", ref.stage, ref.kb_id, ref.doc_id, describe(error))
-    if is_outage(error):
-        return OutageError(f"a backing service is unavailable ({type(error).__name__})")
-    if isinstance(error, OSError):
-        return TransientError(f"a file operation failed ({type(error).__name__})")
-    # A bug or an unexpected library failure: retried (bounded), logged with its traceback here,
-    # and reported to the user without one.
-    log.exception("unexpected error in %s for %s/%s", ref.stage, ref.kb_id, ref.doc_id, exc_info=error)
-    internal = TransientError(f"internal error in the {ref.stage} stage ({type(error).__name__})")
-    internal.code = ErrorCode.INTERNAL
-    return internal
 
 
 def _retry_or_fail(

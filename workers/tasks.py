@@ -22,10 +22,11 @@ from shared.models import Stage
 from shared.queue import enqueue, redis_client
 from workers import leader, liveness, metrics
 from workers.context import worker_context
+from workers.failures import is_outage, outage_countdown
 from workers.pipeline import STAGES
 from workers.reconciler import reconcile_once
 from workers.reembed import reembed
-from workers.runner import Done, Retry, is_outage, outage_countdown, run_stage
+from workers.runner import Done, Retry, run_stage
 from workers.warmup import warm_up
 
 log = logging.getLogger(__name__)

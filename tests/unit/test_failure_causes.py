@@ -10,7 +10,7 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from shared.errors import ErrorCode
 from shared.ingest import StageRef
 from shared.models import Stage
-from workers.runner import classify
+from workers.failures import classify
 
 REF = StageRef(tenant_id="t", kb_id="kb", doc_id="doc-1", content_version=1, stage=Stage.STORE)
 
@@ -40,7 +40,7 @@ def _raised(error: Exception) -> Exception:
 def test_the_cause_of_a_classed_failure_is_logged(
     caplog: pytest.LogCaptureFixture, error: Exception, code: ErrorCode, cause: str
 ) -> None:
-    with caplog.at_level(logging.WARNING, logger="workers.runner"):
+    with caplog.at_level(logging.WARNING, logger="workers.failures"):
         classified = classify(REF, _raised(error))
     assert classified.code == code
     assert type(error).__name__ in classified.message

@@ -16,7 +16,7 @@ from shared.embedding import HEADER_TOKEN_BUDGET, SPECIAL_TOKENS, TokenCounter, 
 from shared.errors import ErrorCode, RaglineError
 from shared.models import Document
 from workers.context import WorkerContext
-from workers.runner import StageResult
+from workers.stages.base import StageResult
 
 _SENTENCE_END = re.compile(r"(?<=[.!?])\s+(?=[\"'(\[]?[A-Z0-9])|\n+")
 _PAGE_BREAK_MIN_FILL = 0.5

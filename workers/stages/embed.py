@@ -20,7 +20,7 @@ from shared.errors import ErrorCode, PermanentError, RaglineError
 from shared.models import Document
 from workers import metrics
 from workers.context import WorkerContext
-from workers.runner import StageResult
+from workers.stages.base import StageResult
 
 CACHE_TTL_S = 30 * 24 * 3600
 

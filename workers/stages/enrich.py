@@ -17,7 +17,7 @@ from typing import Any
 from shared.embedding import HEADER_TOKEN_BUDGET, TokenCounter, token_counter
 from shared.models import Document
 from workers.context import WorkerContext
-from workers.runner import StageResult
+from workers.stages.base import StageResult
 
 _WORD = re.compile(r"[A-Za-z][A-Za-z0-9_+-]{2,}")
 _LETTER = re.compile(r"[^\W\d_]")  # a letter of any script

@@ -32,9 +32,9 @@ from shared.models import Document
 from workers.context import WorkerContext
 from workers.fork_server import ForkServer
 from workers.guards import check_archive, check_html, check_pdf, without_harmless_doctype
-from workers.runner import StageResult
 from workers.sandbox import SandboxError, run_limited
 from workers.sniff import ARCHIVE_KINDS, FileKind, detect
+from workers.stages.base import StageResult
 from workers.stages.elements import Element, element
 from workers.stages.email_parts import attachments, other_text_body
 from workers.stages.markdown_text import markdown_elements

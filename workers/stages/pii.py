@@ -22,7 +22,7 @@ from shared.embedding import TokenCounter, token_counter
 from shared.errors import ErrorCode, PermanentError
 from shared.models import Document, PiiPolicy, check_pii_entities
 from workers.context import WorkerContext
-from workers.runner import StageResult
+from workers.stages.base import StageResult
 from workers.stages.chunk import body_budget, split_long
 from workers.stages.enrich import keywords
 

@@ -34,7 +34,7 @@ from shared.search.metadata import with_metadata_fields
 from shared.search.placement import Placement, write_aliases, write_targets
 from workers import metrics
 from workers.context import WorkerContext
-from workers.runner import StageResult
+from workers.stages.base import StageResult
 from workers.stages.embed import decode_b64
 
 log = logging.getLogger(__name__)

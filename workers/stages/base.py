@@ -1,0 +1,47 @@
+"""What a stage is, as the runner sees it: its typed result and the shapes of its functions.
+
+Every module under workers/stages/ imports this, never the runner that orchestrates it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from shared.errors import RaglineError
+from shared.models import Document, Stage
+
+if TYPE_CHECKING:
+    from workers.context import WorkerContext
+
+# Stages that run several documents at once: the runner announces arrivals at exactly these.
+BATCHED_STAGES = frozenset({Stage.EMBED, Stage.STORE})
+
+
+@dataclass
+class StageResult:
+    """What a stage produced: the artifact for the next stage and registry fields to set."""
+
+    artifact: Any
+    updates: dict[str, Any] = field(default_factory=dict)
+    # Runs only after the registry recorded this result (e.g. retiring an old generation).
+    after: Callable[[], None] | None = None
+
+
+# A stage's input is what the stage before handed on (parse: the path of the document's bytes).
+StageInput = Any
+StageFn = Callable[["WorkerContext", Document, StageInput], StageResult]
+# A stage that can run several documents at once; one result (or error) per document, in order.
+BatchFn = Callable[["WorkerContext", list[tuple[Document, StageInput]]], list[StageResult | RaglineError]]
+
+
+@dataclass(frozen=True)
+class Stages:
+    """What the runner runs: each stage's function, the batched stages' batch functions, and the
+    stages a task runs straight after the stage before them (a batched one among them runs the
+    documents handed on together as its batch)."""
+
+    functions: Mapping[Stage, StageFn]
+    batches: Mapping[Stage, BatchFn]
+    chained: frozenset[Stage]
