@@ -14,6 +14,7 @@ import contextlib
 from collections.abc import Callable, Iterator
 from contextvars import ContextVar
 from dataclasses import dataclass
+from datetime import datetime
 from typing import Any
 
 from opensearchpy import OpenSearch
@@ -397,6 +398,27 @@ class Registry:
             docs += [Document.model_validate(hit["_source"]) for hit in hits]
             if len(hits) < _PAGE:
                 return docs
+            after = hits[-1]["sort"]
+
+    def settled_since(self, tenant_id: str, kb_id: str, since: datetime) -> Iterator[dict[str, Any]]:
+        """The KB's records updated since `since` that are ready, failed or deleted, page by page
+        in doc_id order (what a reembed sweeps)."""
+        settled = [DocStatus.READY.value, DocStatus.FAILED.value, DocStatus.DELETED.value]
+        query = {
+            "bool": {
+                "filter": [
+                    *_kb_scope(tenant_id, kb_id)["bool"]["filter"],
+                    {"range": {"updated_at": {"gte": since.isoformat()}}},
+                    {"terms": {"status": settled}},
+                ]
+            }
+        }
+        after: list[Any] | None = None
+        while True:
+            hits = self.search_docs(query, size=_PAGE, sort=[{"doc_id": "asc"}], search_after=after)
+            yield from (hit["_source"] for hit in hits)
+            if len(hits) < _PAGE:
+                return
             after = hits[-1]["sort"]
 
     def delete_kb_records(self, tenant_id: str, kb_id: str) -> None:

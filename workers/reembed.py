@@ -44,7 +44,6 @@ from shared.search.placement import (
     aliased,
     kb_alias,
     kb_index,
-    kb_scope,
     next_alias,
     own_indexes,
     resolve,
@@ -187,29 +186,11 @@ def _sweep(ctx: WorkerContext, kb: KnowledgeBase, since: Any) -> int:
     """Remove from the new index generations retired while the copy ran (the copy may have
     written a page just before its document was deleted or replaced)."""
     alias = kb_alias(ctx.settings, kb.tenant_id, kb.kb_id)
-    query = {
-        "bool": {
-            "filter": [
-                *kb_scope(kb.tenant_id, kb.kb_id)["bool"]["filter"],
-                {"range": {"updated_at": {"gte": (since - timedelta(seconds=5)).isoformat()}}},
-                {
-                    "terms": {
-                        "status": [DocStatus.READY.value, DocStatus.FAILED.value, DocStatus.DELETED.value]
-                    }
-                },
-            ]
-        }
-    }
-    swept, after = 0, None
-    while True:
-        hits = ctx.registry.search_docs(query, size=500, sort=[{"doc_id": "asc"}], search_after=after)
-        for hit in hits:
-            record = hit["_source"]
-            keep = None if record["status"] == DocStatus.DELETED.value else record.get("active_generation")
-            swept += delete_generations(ctx.client, alias, kb.tenant_id, kb.kb_id, record["doc_id"], keep)
-        if len(hits) < 500:
-            return swept
-        after = hits[-1]["sort"]
+    swept = 0
+    for record in ctx.registry.settled_since(kb.tenant_id, kb.kb_id, since - timedelta(seconds=5)):
+        keep = None if record["status"] == DocStatus.DELETED.value else record.get("active_generation")
+        swept += delete_generations(ctx.client, alias, kb.tenant_id, kb.kb_id, record["doc_id"], keep)
+    return swept
 
 
 def _retire(ctx: WorkerContext, kb: KnowledgeBase, old: str, new: str) -> None:

@@ -19,7 +19,6 @@ chunk never sits in an index with another model's vector.
 from __future__ import annotations
 
 import hashlib
-import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -36,8 +35,6 @@ from workers import metrics
 from workers.context import WorkerContext
 from workers.stages.base import StageResult
 from workers.stages.embed import decode_b64
-
-log = logging.getLogger(__name__)
 
 # BM25 length normalization already discounts long documents; past this, more text only costs.
 DOCUMENT_TEXT_CHARS = 1_000_000
