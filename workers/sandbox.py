@@ -106,7 +106,7 @@ def _child(fn: Callable[[], Any], result_path: str, timeout_s: float, memory_byt
 
 def _wait(pid: int, result_path: str, timeout_s: float, what: str) -> Any:
     # A pidfd becomes readable the moment the child exits: no polling interval is added to
-    # every parse (a 20 ms poll was a third of a small document's parse stage).
+    # every parse, where a poll would be a large share of a small document's parse stage.
     pidfd = os.pidfd_open(pid)
     try:
         exited, _, _ = select.select([pidfd], [], [], timeout_s)

@@ -30,9 +30,8 @@ from tests.integration.helpers import chunks_of, new_kb, wait_terminal
 
 pytestmark = pytest.mark.integration
 
-# Measured on the local stack: the pool process holds ~1.6 GiB once the parser, spaCy and the
-# embedding model are loaded, the Celery main process ~0.1 GiB. A worker process that inflated
-# a bomb itself would blow far past this.
+# Room for a pool process with the parser, spaCy and the embedding model loaded, and the Celery
+# main process beside it; a worker process that inflated a bomb itself would blow far past this.
 WORKER_RSS_BOUND = int(2.5 * (1 << 30))
 
 

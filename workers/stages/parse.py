@@ -107,8 +107,8 @@ def _preload_nothing() -> None:
 def _prepare_without_torch() -> None:
     """The fork server's preload: the parsers, without the neural frameworks they would pull in."""
     # spaCy's thinc imports torch (and unstructured, transformers) when installed, yet no
-    # partitioner Ragline runs uses them. Without them the server holds 440 MB instead of
-    # 1.1 GB, and every sandbox forks in proportion.
+    # partitioner Ragline runs uses them. Without them the server holds less than half the
+    # memory, and every sandbox forks in proportion.
     for name in ("torch", "transformers"):
         if name not in sys.modules:
             sys.modules[name] = None  # type: ignore[assignment]  # None: Python's "do not import"

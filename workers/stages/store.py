@@ -164,8 +164,8 @@ def _stored(ctx: WorkerContext, doc: Document, chunk_count: int, batch_documents
             "chunk_count": chunk_count,
             "stats": {**doc.stats, "store": {"batch_documents": batch_documents}},
         },
-        # A first version has no older generation to retire: that delete-by-query (an alias
-        # lookup and a scroll that matches nothing) took 2% of a pool process in a first load.
+        # A first version has no older generation to retire: skip that delete-by-query (an alias
+        # lookup and a scroll that matches nothing), a cost paid on every document of a first load.
         after=retire_old if generation > 1 else None,
     )
 
