@@ -1,11 +1,11 @@
 """A small process that forks the parse sandboxes, so that each fork is cheap.
 
-A pool process holds the embedding and PII models (about 1.8 GB resident). Forking it for every
-parse cost 40 ms (19 ms to copy its page tables, 21 ms to tear them down at the child's exit):
-more than the parse of a typical text document. The fork server is forked from the pool process
-before the models load and holds only the parsers, like Android's zygote; the sandboxes it forks
-run `workers.sandbox.run_limited` with the same limits as before. Should the server die, parsing
-goes on through direct forks from the pool process, slower but the same.
+A pool process holds the embedding and PII models, so its memory is large. A fork and the child's
+exit cost in proportion to it (copying the page tables, then tearing them down): forking it for
+every parse would cost more than the parse of a typical text document. The fork server is forked
+from the pool process before the models load and holds only the parsers, like Android's zygote;
+the sandboxes it forks run `workers.sandbox.run_limited` with the same limits as before. Should
+the server die, parsing goes on through direct forks from the pool process, slower but the same.
 """
 
 from __future__ import annotations

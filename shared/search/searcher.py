@@ -144,7 +144,7 @@ class Searcher:
         """The best `top_k` fused hits that readers may see, at most `max_per_document` a document.
 
         Visibility is looked up for the documents of the next few hits in fused order, not for
-        every candidate: a registry lookup costs about 0.13 ms a document, and most candidates
+        every candidate: each lookup costs registry work per document, and most candidates
         never reach the answer. A hidden version (a replaced generation in the moment before it
         is deleted) still counted in its arms' normalization; only its ranking is skipped.
         """
