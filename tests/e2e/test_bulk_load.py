@@ -130,7 +130,7 @@ def test_thousand_files_killed_resumed_throttled_and_overtaken(
         agent_ready = time.monotonic() - started
         out, _ = second.communicate(timeout=1800)
         load_done = time.monotonic() - started
-        print(f"agent document ready after {agent_ready:.1f} s; load finished after {load_done:.1f} s")
+        # The agent's document overtakes the load: the interactive queue is served first.
         assert agent_ready < load_done
 
         summary = json.loads(out)

@@ -135,7 +135,6 @@ def test_hostile_files_fail_with_their_codes_and_harm_nothing(
     pids_before = sampler.pids
 
     kb = new_kb(registry, pii_policy="off")
-    started = time.monotonic()
     sizes = {}
     for name, item in corpus.items():
         data = item.data()
@@ -149,7 +148,6 @@ def test_hostile_files_fail_with_their_codes_and_harm_nothing(
         stored[ingestor.submit(kb.tenant_id, kb.kb_id, text, filename=name).doc_id] = text
     doc_ids = [*corpus, *good, *stored]
     docs = wait_terminal(registry, kb, doc_ids)
-    elapsed = time.monotonic() - started
     sampler.stop()
 
     print(f"\n{'file':28} {'bytes':>10}  outcome")
@@ -157,7 +155,7 @@ def test_hostile_files_fail_with_their_codes_and_harm_nothing(
         error = docs[name].error
         outcome = f"{error.code}: {error.message}" if error else docs[name].status.value
         print(f"{name:28} {sizes[name]:>10}  {outcome}")
-    print(f"ingest to terminal: {elapsed:.1f} s for {len(doc_ids)} documents")
+    print(f"all {len(doc_ids)} documents terminal")
 
     _assert_codes(corpus, docs, secret)
     for doc_id in good:
