@@ -270,7 +270,7 @@ def test_many_small_documents_share_embedding_batches(
     kb = new_kb(registry, pii_policy="off")
     names = [f"memo-{i}.txt" for i in range(16)]
     # Straight to a queue, all at once: this tests the embed stage's batching itself. Bulk
-    # admission through the fair lanes keeps fewer documents in flight (see README), and so does
+    # admission through the fair lanes keeps fewer documents in flight (see docs/pipeline.md), and so does
     # the default interactive quota: this ingestor's quota holds them all.
     api = settings.api.model_copy(update={"interactive_max_in_flight": len(names)})
     roomy = Ingestor(
