@@ -9,14 +9,35 @@ a queued one (unclaimed, with a long lease) without waiting for the slowest stag
 from __future__ import annotations
 
 import logging
+import os
+import socket
 import threading
 from datetime import timedelta
 from types import TracebackType
 
+from shared.config import Settings
+from shared.ingest import QUEUE_LEASE
 from shared.models import utcnow
 from shared.registry import Conflict, Registry, Versioned
+from workers.lifecycle import Policy
 
 log = logging.getLogger(__name__)
+
+WORKER_ID = f"{socket.gethostname()}:{os.getpid()}"  # who holds a claim this process made
+
+
+def stage_lease(settings: Settings) -> timedelta:
+    return timedelta(seconds=settings.celery.stage_lease_s)
+
+
+def lifecycle_policy(settings: Settings) -> Policy:
+    """The limits of this process's lifecycle decisions (workers/lifecycle.py)."""
+    return Policy(
+        worker=WORKER_ID,
+        stage_lease=stage_lease(settings),
+        queue_lease=QUEUE_LEASE,
+        max_retries=settings.celery.max_retries,
+    )
 
 
 class LeaseKeeper:

@@ -6,23 +6,23 @@ import contextlib
 import logging
 import os
 import socket
-from collections.abc import Callable
 from typing import Any
 
 import redis
 from celery import Task, shared_task
-from celery.exceptions import Retry as CeleryRetry
 from celery.signals import worker_process_init, worker_ready, worker_shutdown
 
 from shared import fairqueue, logs, tracing
 from shared.catalog import REEMBED_TASK
 from shared.config import get_settings
-from shared.ingest import STAGE_TASK, StageRef, hand_to_reconciler
+from shared.ingest import STAGE_TASK, StageRef
 from shared.models import Stage
 from shared.queue import enqueue, redis_client
+from shared.registry import Registry
 from workers import leader, liveness, metrics
 from workers.context import worker_context
 from workers.failures import is_outage, outage_countdown
+from workers.handover import resend
 from workers.pipeline import STAGES
 from workers.reconciler import reconcile_once
 from workers.reembed import reembed
@@ -118,33 +118,19 @@ def stage(
         except Retry as retry:
             countdown, counted = retry.countdown, retry.counted
             if counted:
-                _resend(ref, lambda: self.retry(countdown=countdown))
+                resend(ref, lambda: self.retry(countdown=countdown), _registry)
             else:
-                _resend(ref, lambda: _send_later(self, ref, countdown))
+                resend(ref, lambda: _send_later(self, ref, countdown), _registry)
         except Exception as error:
             if not is_outage(error):
                 raise
             # The registry or broker itself is unreachable, before or after the stage's own work:
             # nothing could be recorded, so the same delivery simply comes back later.
-            _resend(ref, lambda: _send_later(self, ref, outage_countdown()))
+            resend(ref, lambda: _send_later(self, ref, outage_countdown()), _registry)
 
 
-def _resend(ref: StageRef, send: Callable[[], object]) -> None:
-    """Send the stage again; with the broker down, expire the document's queue lease instead.
-
-    The stage released the document with a queue lease (30 min) for this send to cover; a lost
-    send left it unsent for that long (a Redis stop mid-load met it in the fault tests). The
-    reconciler's next round sends it once the broker is back.
-    """
-    try:
-        send()
-    except CeleryRetry:
-        raise  # what Task.retry raises once the retry is sent: Celery's own signal, not a failure
-    except Exception:  # noqa: BLE001  (broker unreachable, any error type)
-        log.warning(
-            "resending %s failed for %s/%s; handed to the reconciler", ref.stage, ref.kb_id, ref.doc_id
-        )
-        hand_to_reconciler(worker_context().registry, ref)
+def _registry() -> Registry:
+    return worker_context().registry
 
 
 def _send_later(task: Task[Any, Any], ref: StageRef, countdown: float) -> None:

@@ -25,10 +25,12 @@ from shared.registry import Conflict, Registry, Versioned
 from tests.integration.helpers import chunks_of, new_kb, orphan, wait_terminal
 from workers import liveness
 from workers.context import WorkerContext
+from workers.handover import hand_over, resend
+from workers.lease import WORKER_ID, stage_lease
 from workers.pipeline import STAGES
-from workers.runner import WORKER_ID, Retry, StageResult, _advance, _run_chained, run_stage, stage_lease
+from workers.runner import Retry, run_chained, run_stage
 from workers.stages import parse
-from workers.tasks import _resend
+from workers.stages.base import StageResult
 
 pytestmark = pytest.mark.integration
 
@@ -187,7 +189,7 @@ def test_a_hand_over_whose_reply_was_lost_still_sends_the_next_stage(
     ref = StageRef(kb.tenant_id, kb.kb_id, "reply-lost.txt", claimed.doc.content_version, Stage.PARSE)
     # ...and hands it to the chunk stage: the write lands, the reply is lost.
     with pytest.raises(OpenSearchConnectionError):
-        _advance(ctx, ref, claimed, result, 0.1)
+        hand_over(ctx, ref, claimed, result, 0.1)
     moved = registry.get_doc(kb.tenant_id, kb.kb_id, "reply-lost.txt")
     assert moved is not None
     assert moved.doc.status == DocStatus.CHUNKING
@@ -225,7 +227,7 @@ def test_a_chained_hand_over_is_written_only_when_the_claims_lease_runs_short(
     claim_seq_no = claimed.seq_no
     result = parse.run(worker_ctx, claimed.doc, worker_ctx.blobs.path_of(claimed.doc.content_hash))
     ref = StageRef(kb.tenant_id, kb.kb_id, name, claimed.doc.content_version, Stage.PARSE)
-    item = _advance(worker_ctx, ref, claimed, result, 0.1, STAGES)
+    item = hand_over(worker_ctx, ref, claimed, result, 0.1, STAGES)
     assert item is not None
     assert item.ref.stage == Stage.CHUNK
     assert (item.claim.doc.status, item.claim.doc.claimed_by) == (DocStatus.CHUNKING, WORKER_ID)
@@ -239,7 +241,7 @@ def test_a_chained_hand_over_is_written_only_when_the_claims_lease_runs_short(
             WORKER_ID,
         )
         assert stored.doc.lease_until is not None
-        assert stored.doc.lease_until > utcnow() + stage_lease(worker_ctx) - timedelta(seconds=5)
+        assert stored.doc.lease_until > utcnow() + stage_lease(worker_ctx.settings) - timedelta(seconds=5)
     else:
         assert stored.seq_no == claim_seq_no
         assert (stored.doc.status, stored.doc.stage, stored.doc.lease_until) == (
@@ -250,7 +252,7 @@ def test_a_chained_hand_over_is_written_only_when_the_claims_lease_runs_short(
     # The rest of the chain as the task runs it: the hand-over to embed records every stage.
     pending = [item]
     while pending:
-        pending = _run_chained(worker_ctx, pending, STAGES, time.monotonic() + 60)
+        pending = run_chained(worker_ctx, pending, STAGES, time.monotonic() + 60)
     doc = wait_terminal(registry, kb, [name], timeout_s=120)[name]
     assert doc.status == DocStatus.READY
     assert set(doc.timings) == {"parse", "chunk", "enrich", "pii", "embed", "store"}
@@ -393,7 +395,7 @@ def test_a_resend_the_broker_refuses_hands_the_document_to_the_reconciler(
         raise OperationalError("Error 111 connecting to 127.0.0.1:6379. Connection refused.")
 
     before = utcnow()
-    _resend(ref, refused)
+    resend(ref, refused, lambda: registry)
     lease = registry.require_doc(kb.tenant_id, kb.kb_id, "held.txt").doc.lease_until
     assert lease is not None
     assert before <= lease <= utcnow()
@@ -402,7 +404,7 @@ def test_a_resend_the_broker_refuses_hands_the_document_to_the_reconciler(
         raise CeleryRetry("sent")  # what Task.retry raises once the retry is on the broker
 
     with pytest.raises(CeleryRetry):
-        _resend(ref, sent)
+        resend(ref, sent, lambda: registry)
 
 
 @pytest.mark.parametrize("failure", [OutageError("OpenSearch is unavailable"), TransientError("it stumbled")])
