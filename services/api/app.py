@@ -20,7 +20,8 @@ from services.api.metrics import Metrics, RequestLatency
 from services.api.readiness import Readiness
 from services.api.request_context import RequestContext
 from services.api.routes import batches, documents, health, kbs, search
-from services.api.state import AppState, build_state, prepare_indexes
+from services.core.container import AppState, build_state, prepare_indexes
+from services.core.envelope import envelope
 from services.mcp.http import mcp_routes
 from services.mcp.server import build_mcp
 from shared.config import ApiSettings, Settings, get_settings
@@ -103,9 +104,7 @@ class BodyLimit:
 
     @staticmethod
     async def _refuse(limit: int, scope: Scope, receive: Receive, send: Send) -> None:
-        response = errors.envelope(
-            ErrorCode.TOO_LARGE, f"the request exceeds {limit} bytes", {"limit": limit}
-        )
+        response = envelope(ErrorCode.TOO_LARGE, f"the request exceeds {limit} bytes", {"limit": limit})
         await response(scope, receive, send)
 
 

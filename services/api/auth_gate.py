@@ -11,8 +11,8 @@ from __future__ import annotations
 from starlette.datastructures import Headers
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from services.api.auth import KeyRing, Principal, key_from_headers
-from services.api.errors import envelope
+from services.core.auth import KeyRing, Principal, key_from_headers
+from services.core.envelope import envelope
 from shared.errors import RaglineError
 
 PREFIX = "/v1/"

@@ -10,9 +10,9 @@ from typing import Annotated
 
 from fastapi import Depends, Header, Request
 
-from services.api.auth import KeyRing, Principal, Role, key_from_headers, require
 from services.api.auth_gate import resolved
-from services.api.state import AppState
+from services.core.auth import KeyRing, Principal, Role, key_from_headers, require
+from services.core.container import AppState
 from shared import logs
 
 

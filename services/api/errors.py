@@ -1,4 +1,4 @@
-"""One error envelope for every failure: `{code, message, details}` with the code's HTTP status."""
+"""The REST front's exception handlers: every failure answers with the shared error envelope."""
 
 from __future__ import annotations
 
@@ -14,7 +14,8 @@ from opensearchpy.exceptions import TransportError
 from redis.exceptions import RedisError
 from starlette.exceptions import HTTPException
 
-from shared.errors import HTTP_STATUS, ErrorCode, RaglineError
+from services.core.envelope import envelope
+from shared.errors import ErrorCode, RaglineError
 
 log = logging.getLogger(__name__)
 
@@ -30,19 +31,6 @@ _HTTP_CODES = {
     422: ErrorCode.INVALID_ARGUMENT,
     429: ErrorCode.RATE_LIMITED,
 }
-
-
-def envelope(
-    code: ErrorCode,
-    message: str,
-    details: dict[str, Any] | None = None,
-    headers: dict[str, str] | None = None,
-) -> JSONResponse:
-    return JSONResponse(
-        status_code=HTTP_STATUS[code],
-        content={"code": code.value, "message": message, "details": details or {}},
-        headers=headers,
-    )
 
 
 def _validation_details(error: RequestValidationError) -> dict[str, Any]:

@@ -12,7 +12,7 @@ from starlette.datastructures import Headers
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from services.api.auth_gate import is_rest
-from services.api.errors import envelope
+from services.core.envelope import envelope
 from shared.errors import ErrorCode
 
 

@@ -13,7 +13,7 @@ from urllib.parse import unquote
 
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from services.api.errors import envelope
+from services.core.envelope import envelope
 from shared.errors import ErrorCode
 from shared.models import ID_PATTERN
 

@@ -18,10 +18,10 @@ from prometheus_client.registry import Collector
 from starlette.responses import Response
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from services.api import errors
 from services.api.readiness import ASK_TIMEOUT_S, bounded_redis
 from services.api.single_flight import SingleFlight
-from services.api.state import AppState
+from services.core.container import AppState
+from services.core.envelope import envelope
 from shared.errors import ErrorCode
 from shared.queue import all_queues
 from shared.queue_metrics import QueueDepthCollector
@@ -100,7 +100,7 @@ class Metrics:
     async def render(self) -> Response:
         exposition = await self._exposition.get()
         if exposition is None:
-            return errors.envelope(ErrorCode.UNAVAILABLE, "the metrics could not be gathered in time; retry")
+            return envelope(ErrorCode.UNAVAILABLE, "the metrics could not be gathered in time; retry")
         return Response(exposition, media_type="text/plain; version=0.0.4")
 
 

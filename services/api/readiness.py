@@ -16,7 +16,7 @@ from celery import Celery
 from opensearchpy import OpenSearch
 
 from services.api.single_flight import SingleFlight
-from services.api.state import AppState
+from services.core.container import AppState
 from shared.config import Settings
 from shared.queue import ping_workers
 from shared.search.client import cluster_status

@@ -12,8 +12,8 @@ from starlette.requests import Request
 from starlette.routing import BaseRoute, Match, Mount, Route
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from services.api.auth import KeyRing, key_from_headers
-from services.api.errors import envelope
+from services.core.auth import KeyRing, key_from_headers
+from services.core.envelope import envelope
 from services.mcp.sdk_patches import limit_sse_posts, low_level_server
 from services.mcp.sessions import EnvelopeBodyLimit, install_sessions, owner
 from shared.config import ApiSettings

@@ -13,8 +13,8 @@ from typing import Any
 
 from mcp.server.transport_security import TransportSecuritySettings
 
-from services.api.auth import Principal
-from services.api.state import AppState
+from services.core.auth import Principal
+from services.core.container import AppState
 from services.mcp.sdk_patches import RaglineMCP
 from services.mcp.tools import TOOLS, McpServices
 

@@ -27,8 +27,8 @@ from starlette.datastructures import Headers
 from starlette.responses import JSONResponse
 from starlette.types import Message, Receive, Scope, Send
 
-from services.api.auth import Principal
-from services.api.errors import envelope
+from services.core.auth import Principal
+from services.core.envelope import envelope
 from services.mcp.sdk_patches import PerRequestSessions, install_session_manager
 from shared.config import ApiSettings
 from shared.errors import ErrorCode

@@ -15,8 +15,8 @@ import time
 
 import redis
 
-from services.api.auth import Principal, Role
-from services.api.state import AppState, build_state, prepare_indexes
+from services.core.auth import Principal, Role
+from services.core.container import AppState, build_state, prepare_indexes
 from services.mcp.outage import HOW_TO_START, unreachable
 from services.mcp.server import build_mcp
 from shared import logs

@@ -23,8 +23,8 @@ from pydantic import BaseModel, Field
 from starlette.concurrency import run_in_threadpool
 from starlette.requests import Request
 
-from services.api.auth import Principal, Role, require
-from services.api.state import AppState
+from services.core.auth import Principal, Role, require
+from services.core.container import AppState
 from shared.catalog import BatchView, DocumentPage, DocumentStatus, DocumentText, KbView
 from shared.errors import ErrorCode, RaglineError
 from shared.ingest import SubmitResult

@@ -18,10 +18,10 @@ from starlette.types import Receive, Scope, Send
 
 from services.api import errors
 from services.api.app import BodyLimit, body_limits
-from services.api.auth import KeyRing
 from services.api.auth_gate import AuthGate, resolved
 from services.api.host_check import HostCheck, allowed
 from services.api.single_flight import SingleFlight
+from services.core.auth import KeyRing
 from shared.config import ApiKey, ApiSettings, AuthSettings
 
 pytestmark = pytest.mark.anyio

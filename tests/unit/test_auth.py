@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from services.api.auth import KeyRing, Role
+from services.core.auth import KeyRing, Role
 from shared.config import AuthSettings, ConfigError, load_settings
 from shared.errors import ErrorCode, RaglineError
 

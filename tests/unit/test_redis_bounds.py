@@ -9,7 +9,7 @@ from collections.abc import Iterator
 import pytest
 import redis
 
-from services.api.state import build_state
+from services.core.container import build_state
 from shared.config import Settings
 from shared.queue import redis_client
 

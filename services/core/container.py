@@ -8,7 +8,7 @@ import redis
 from celery import Celery
 from opensearchpy import OpenSearch
 
-from services.api.auth import KeyRing
+from services.core.auth import KeyRing
 from shared.blobs import BlobStore
 from shared.catalog import Catalog
 from shared.config import Settings

@@ -1,0 +1,1 @@
+"""What both fronts (REST and MCP) share: auth, the per-process service container, the error envelope."""
