@@ -35,6 +35,7 @@ from bench.quality import evaluate, max_pool
 from services.cli.bulk import load
 from services.cli.remote import Remote
 from shared.config import REPO_ROOT, Settings
+from shared.search import chunk_index
 from shared.search.client import build_client
 from shared.search.queries import fetch_body
 from shared.search.requests import SearchRequest
@@ -272,21 +273,7 @@ class Bench:
 
     def chunk_texts(self, kb: str) -> list[str]:
         """The texts the pipeline embedded for `kb` (context header included), as stored."""
-        texts = []
-        self.client.indices.refresh(index=chunks_alias(self.settings))
-        response = self.client.search(
-            index=chunks_alias(self.settings),
-            scroll="2m",
-            body={"size": 1000, "query": {"term": {"kb_id": kb}}, "_source": ["text", "context"]},
-        )
-        while hits := response["hits"]["hits"]:
-            texts += [
-                f"{h['_source']['context']}\n{h['_source']['text']}"
-                if h["_source"].get("context")
-                else h["_source"]["text"]
-                for h in hits
-            ]
-            response = self.client.scroll(scroll_id=response["_scroll_id"], scroll="2m")
+        texts = chunk_index.kb_chunk_texts(self.client, self.settings, kb)
         if not texts:
             raise SystemExit(f"bench: no chunks of {kb} found in {chunks_alias(self.settings)}")
         return texts
@@ -395,11 +382,8 @@ class Bench:
         }
 
     def index_size(self) -> dict[str, Any]:
-        self.client.indices.forcemerge(index=chunks_alias(self.settings), max_num_segments=1)
-        stats = self.client.indices.stats(index=chunks_alias(self.settings), metric="store,docs")
-        total = stats["_all"]["primaries"]
-        count = max(1, int(total["docs"]["count"]))
-        size = int(total["store"]["size_in_bytes"])
+        chunks, size = chunk_index.merged_size(self.client, self.settings)
+        count = max(1, chunks)
         return {"chunks_in_index": count, "bytes": size, "bytes_per_1000_chunks": round(size / count * 1000)}
 
     def reingest_figures(self, kb: str, files: list[tuple[Path, str]]) -> None:
@@ -442,8 +426,7 @@ class Bench:
         for i, query in enumerate(queries):
             parts[LATENCY_PARTS[i % len(LATENCY_PARTS)]].append(query)
 
-        one = {"size": 1, "_source": ["tenant_id"], "query": {"term": {"kb_id": kb}}}
-        tenant = self.client.search(index=searcher.index, body=one)["hits"]["hits"][0]["_source"]["tenant_id"]
+        tenant = chunk_index.kb_tenant(self.client, self.settings, kb)
 
         def raw(query: str) -> Callable[[], object]:
             def call() -> object:
@@ -454,11 +437,11 @@ class Bench:
                 lines: list[dict[str, Any]] = []
                 for body in bodies.values():
                     lines += [{"index": searcher.index}, body]
-                arms = [r["hits"]["hits"] for r in self.client.msearch(body=lines)["responses"]]
+                arms = [r["hits"]["hits"] for r in chunk_index.search_arms(self.client, lines)]
                 best = dict.fromkeys(hit["_id"] for rank in zip(*arms, strict=False) for hit in rank)
                 chosen = list(best)[: request.top_k]
                 fetch = fetch_body(request, tenant, chosen)
-                return self.client.search(index=searcher.index, body=fetch)
+                return chunk_index.fetch_hits(self.client, [searcher.index], fetch)
 
             return call
 
