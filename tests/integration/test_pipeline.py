@@ -41,7 +41,9 @@ def corpus(registry: Registry, ingestor: Ingestor) -> tuple[KnowledgeBase, dict[
     for name, (data, _) in files.items():
         result = ingestor.submit(kb.tenant_id, kb.kb_id, data, filename=name)
         assert result.outcome == Outcome.CREATED
-        assert registry.require_doc(kb.tenant_id, kb.kb_id, result.doc_id).doc.status == DocStatus.QUEUED
+        # A worker may claim it before this read: the record's first transition says it was queued.
+        recorded = registry.require_doc(kb.tenant_id, kb.kb_id, result.doc_id).doc
+        assert recorded.transitions[0]["status"] == DocStatus.QUEUED
     docs = wait_terminal(registry, kb, list(files))
     return kb, {"files": files, "docs": docs}
 
