@@ -33,7 +33,7 @@ def nullable_types(schema: Any) -> Any:
     """`schema` with pydantic's `anyOf: [{type: T}, {type: null}]` written `type: [T, null]`.
 
     The same constraint, checked in one step: each `anyOf` branch is a subschema the client
-    descends into. A search result's check took 2.5 ms instead of 3.3 on this machine.
+    descends into, once per field of every result.
     """
     if isinstance(schema, list):
         return [nullable_types(item) for item in schema]
@@ -58,10 +58,9 @@ def inline_nested_refs(schema: dict[str, Any]) -> dict[str, Any]:
 
     The top level still refers to `$defs`, and that stays cheap: draft-07's meta-schema does not
     know `$defs`, so the client's check of the schema itself never walks them (written out in
-    full at the top level, a search schema took 1.8 ms to check instead of 0.16). Inside a
+    full at the top level, the schema check would walk every definition each time). Inside a
     definition each reference costs a lookup per result item: a search hit and its four arm
-    results were five lookups a hit, and the check of a ten-hit result took 1.4 ms instead of
-    1.8. A definition that reaches itself keeps its reference there.
+    results would be five lookups a hit. A definition that reaches itself keeps its reference.
     """
     defs: dict[str, Any] = schema.get("$defs", {})
 

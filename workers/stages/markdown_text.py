@@ -1,11 +1,10 @@
 """Markdown → elements by its own structure (CommonMark, with GitHub's tables), in linear time.
 
 unstructured renders Markdown to HTML and then classifies each HTML element's text with its
-NLP heuristics: 103 to 246 ms for five READMEs of 3 to 11 KB in a fresh process, as a parse
-sandbox is, close to what embedding their chunks takes; 3 to 10 ms here. The structure is
-written in the file: `#` headings and their depth, list items, code blocks, tables.
-markdown-it-py's tokens give it directly, and the file needs only the lean parse server (its
-fork costs 4 ms against the full server's 16).
+NLP heuristics, which in a fresh process (as a parse sandbox is) costs about as much as
+embedding the chunks. The structure is written in the file: `#` headings and their depth, list
+items, code blocks, tables. markdown-it-py's tokens give it directly, and the file needs only
+the lean parse server, whose fork is cheaper than the full server's.
 
 Text is never lost silently: markdown-it stops reading a block nested deeper than its limit, so
 a document that nests that deep is refused.

@@ -88,10 +88,10 @@ def prepare() -> None:
 
 @dataclass(frozen=True)
 class _ForkServers:
-    """A pool process's two servers. A fork costs in proportion to the forking process's memory:
-    16 ms from the 470 MB server that holds unstructured, 4 ms from an 80 MB one, while parsing
-    a typical text file takes 2 ms. Every parse starts in the lean server, whose sandbox detects
-    the kind and parses Ragline's own kinds; the others go on to the full server."""
+    """A pool process's two servers. A fork costs in proportion to the forking process's memory,
+    and forking the server that holds unstructured costs more than parsing a typical text file.
+    Every parse starts in the lean server, whose sandbox detects the kind and parses Ragline's
+    own kinds; the others go on to the full server."""
 
     lean: ForkServer
     full: ForkServer

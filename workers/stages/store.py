@@ -118,10 +118,9 @@ def run_batch(
 ) -> list[StageResult | RaglineError]:
     """Store several documents (an embedding batch handed on together) with one refresh.
 
-    A refresh per document made a Lucene segment, HNSW graphs included, per document: 27 ms of
-    OpenSearch CPU for a bulk of 5 chunks and its refresh against 6.5 ms without one, measured on
-    this stack. Documents of one KB go in the same bulk requests; a chunk the index rejects fails
-    only its own document.
+    A refresh per document made a Lucene segment, HNSW graphs included, per document, and the
+    refresh cost OpenSearch more CPU than the bulk itself. Documents of one KB go in the same bulk
+    requests; a chunk the index rejects fails only its own document.
     """
     results: list[StageResult | RaglineError] = []
     by_kb: dict[tuple[str, str], list[_Stored]] = {}
