@@ -29,10 +29,10 @@ soak: install  ## the fault tests with 1,000 documents and three rounds of each 
 		bash deploy/local/test.sh -s tests/integration/test_faults.py tests/integration/test_cluster.py
 
 bench: up  ## throughput, latency, quality and memory vs baselines -> bench/results/
-	@$(VENV)/bin/ragline bench
+	@$(VENV)/bin/python -m bench
 
 bench-quick: up
-	@$(VENV)/bin/ragline bench --quick
+	@$(VENV)/bin/python -m bench --quick
 
 lint: install
 	@$(VENV)/bin/ruff check . && $(VENV)/bin/ruff format --check . && $(VENV)/bin/mypy

@@ -32,8 +32,8 @@ from bench.cpu import CpuMeter
 from bench.mcp_latency import client_validation_ms, mcp_search_ms, paired_ms
 from bench.pollers import Pollers
 from bench.quality import evaluate, max_pool
-from services.cli.bulk import load
-from services.cli.remote import Remote
+from client.bulk import load
+from client.http import Remote
 from shared.config import REPO_ROOT, Settings
 from shared.search import chunk_index
 from shared.search.client import build_client

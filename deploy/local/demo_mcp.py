@@ -10,7 +10,7 @@ from typing import Any
 from mcp import ClientSession
 from mcp.client.streamable_http import streamablehttp_client
 
-from services.cli.remote import default_key, default_server
+from client.http import default_key, default_server
 from shared.config import get_settings
 
 QUESTIONS = [

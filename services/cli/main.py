@@ -148,22 +148,6 @@ def mcp() -> None:
     serve_stdio(_settings())
 
 
-@app.command()
-def bench(
-    quick: Annotated[bool, typer.Option("--quick", help="60 pages, fewer queries.")] = False,
-) -> None:
-    """Measure ingest throughput, query latency, retrieval quality and memory against their baselines."""
-    from bench.run import main as run_bench
-    from services.cli.remote import default_key, default_server
-
-    settings = _settings()
-    key = default_key(settings)
-    if key is None:
-        typer.echo("AUTH_ERROR: no API key; set RAGLINE_API_KEY or run `make up`", err=True)
-        raise typer.Exit(2)
-    run_bench(settings, default_server(settings), key, quick)
-
-
 @app.command("config")
 def show_config() -> None:
     """Print the effective configuration as JSON (secrets hidden)."""

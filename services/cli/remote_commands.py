@@ -12,8 +12,8 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from services.cli.bulk import load, summary_table, walk
-from services.cli.remote import ApiError, Remote, api_path, default_key, default_server, is_local_stack
+from client.bulk import load, summary_table, walk
+from client.http import ApiError, Remote, api_path, default_key, default_server, is_local_stack
 from shared.config import ConfigError, get_settings
 
 Server = Annotated[

@@ -5,7 +5,7 @@ from __future__ import annotations
 import time
 
 from bench.pollers import Pollers
-from services.cli.remote import ApiError
+from client.http import ApiError
 
 
 def test_failed_polls_are_counted_by_kind() -> None:

@@ -5,8 +5,8 @@ from __future__ import annotations
 from collections import Counter
 from typing import Any
 
-from services.cli.bulk import LoadReport, _poll
-from services.cli.remote import ApiError, Remote
+from client.bulk import LoadReport, _poll
+from client.http import ApiError, Remote
 
 
 class _NoBatchYet(Remote):

@@ -10,8 +10,8 @@ from typing import Any
 import pytest
 from rich.console import Console
 
-from services.cli import bulk
-from services.cli.remote import Remote
+from client import bulk
+from client.http import Remote
 
 FILES = 6
 BUSY_POLLS = 4  # the batch answers "not done" this many times first
@@ -60,7 +60,7 @@ def test_plain_progress_lines_carry_chunks_and_seconds(
     for i in range(FILES):
         (tmp_path / f"n{i}.txt").write_text(f"note {i}")
     monkeypatch.setattr(bulk, "PLAIN_EVERY_S", 0.0)  # a line at every step, not every 5 s
-    monkeypatch.setattr("services.cli.bulk.time", _Clock())
+    monkeypatch.setattr("client.bulk.time", _Clock())
     console = Console(file=io.StringIO(), force_terminal=False)
     report = bulk.load(
         _Api(),

@@ -12,8 +12,8 @@ import httpx
 import pytest
 from typer.testing import CliRunner
 
+from client.http import api_path, default_key
 from services.cli.main import app
-from services.cli.remote import api_path, default_key
 from shared.config import REPO_ROOT, Settings, load_settings
 
 DEV = "rl_dev_0123456789abcdef0123"

@@ -33,6 +33,49 @@ def test_package_does_not_import_its_forbidden_neighbours(package: str) -> None:
     assert {path: names for path, names in offenders.items() if names} == {}
 
 
+# Rules between folders inside a package, or with a top-level tool: (sources, forbidden module prefixes).
+# The MCP front shares only services/core with the REST front (the API process mounts it, so the
+# reverse import is the composition, not a dependency); the bench reaches the services over HTTP only.
+FORBIDDEN_PREFIXES = {
+    "services/mcp": ("services.api",),
+    "services": ("bench",),
+    "bench": ("services",),
+}
+
+
+def _imported_modules(path: Path) -> set[str]:
+    modules: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+        if isinstance(node, ast.Import):
+            modules.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            modules.add(node.module)
+            modules.update(f"{node.module}.{alias.name}" for alias in node.names)
+    return modules
+
+
+def _forbidden(modules: set[str], prefixes: tuple[str, ...]) -> list[str]:
+    return sorted(m for m in modules if any(m == p or m.startswith(f"{p}.") for p in prefixes))
+
+
+@pytest.mark.parametrize("folder", sorted(FORBIDDEN_PREFIXES))
+def test_folder_does_not_import_its_forbidden_neighbours(folder: str) -> None:
+    sources = sorted((REPO / folder).rglob("*.py"))
+    assert sources, f"no sources found under {folder}/"
+    offenders = {
+        str(path.relative_to(REPO)): _forbidden(_imported_modules(path), FORBIDDEN_PREFIXES[folder])
+        for path in sources
+    }
+    assert {path: names for path, names in offenders.items() if names} == {}
+
+
+def test_the_prefix_rule_tells_a_module_from_a_namesake() -> None:
+    assert _forbidden({"services.api.app", "services.apikeys", "bench"}, ("services.api",)) == [
+        "services.api.app"
+    ]
+    assert _forbidden({"benchmarks", "bench.run"}, ("bench",)) == ["bench.run"]
+
+
 def test_shared_is_the_package_inside_this_repository() -> None:
     # ../shared beside the checkout is the team handbook; it must never shadow the package.
     assert Path(shared.__file__).resolve().is_relative_to(REPO)

@@ -22,7 +22,7 @@ from rich.console import Console
 from rich.live import Live
 from rich.table import Table
 
-from services.cli.remote import ApiError, Remote, api_path
+from client.http import ApiError, Remote, api_path
 from shared.models import safe_doc_id
 
 TERMINAL = {"ready", "failed", "deleted"}
