@@ -36,11 +36,10 @@ from client.bulk import load
 from client.http import Remote
 from shared.config import REPO_ROOT, Settings
 from shared.search import chunk_index
-from shared.search.client import build_client
 from shared.search.queries import fetch_body
 from shared.search.requests import SearchRequest
 from shared.search.schema import chunks_alias
-from shared.search.searcher import Searcher
+from shared.wiring import build_services
 
 EVAL_SCRIPT = REPO_ROOT.parent / "shared" / "eval" / "build_manbench.py"
 REFERENCE = {  # ../shared/eval/README.md, outside Ragline: whole page truncated to 256 tokens, exact search
@@ -186,7 +185,8 @@ class Bench:
         self.remote = Remote(server, api_key)
         self.quick = quick
         self.console = console
-        self.client = build_client(settings.opensearch)
+        self.services = build_services(settings)
+        self.client = self.services.client
         self.stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ")
         self.work = settings.state_dir / "bench" / self.stamp
         self.results: dict[str, Any] = {
@@ -421,7 +421,7 @@ class Bench:
     def latency_figures(self, kb: str, queries: list[str], server: str, api_key: str) -> None:
         """Each concurrency gets its own queries and each path its own strings of them, so no path
         answers from a warm cache; the paths take turns (see `taking_turns`)."""
-        searcher = Searcher(self.client, self.settings)
+        searcher = self.services.searcher
         parts: dict[str, list[str]] = {part: [] for part in LATENCY_PARTS}
         for i, query in enumerate(queries):
             parts[LATENCY_PARTS[i % len(LATENCY_PARTS)]].append(query)

@@ -3,44 +3,20 @@
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
 from functools import lru_cache
 
-import redis
-from celery import Celery
-from opensearchpy import OpenSearch
+from shared.config import get_settings
+from shared.wiring import Services, build_services
 
-from shared.blobs import BlobStore
-from shared.config import Settings, get_settings
-from shared.queue import broker_client, redis_client
-from shared.registry import Registry
-from shared.search.client import build_client
-from shared.search.schema import ensure_indexes
-
-
-@dataclass(frozen=True)
-class WorkerContext:
-    settings: Settings
-    client: OpenSearch
-    registry: Registry
-    blobs: BlobStore
-    sender: Celery
-    redis: redis.Redis
+# What a stage sees: the process's services (registry, blobs, sender, Redis, ...).
+WorkerContext = Services
 
 
 @lru_cache(maxsize=1)
 def worker_context() -> WorkerContext:
-    settings = get_settings()
-    client = build_client(settings.opensearch)
-    ensure_indexes(client, settings)
-    return WorkerContext(
-        settings=settings,
-        client=client,
-        registry=Registry(client, settings),
-        blobs=BlobStore(settings.state_dir / "blobstore"),
-        sender=broker_client(settings),
-        redis=redis_client(settings),
-    )
+    services = build_services(get_settings())
+    services.prepare_indexes()
+    return services
 
 
 # A pool process forked after the main process built its context (Celery replaces a pool process

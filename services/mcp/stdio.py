@@ -16,7 +16,7 @@ import time
 import redis
 
 from services.core.auth import Principal, Role
-from services.core.container import AppState, build_state, prepare_indexes
+from services.core.container import AppState, build_state
 from services.mcp.outage import HOW_TO_START, unreachable
 from services.mcp.server import build_mcp
 from shared import logs
@@ -51,7 +51,7 @@ def _down_services(state: AppState) -> list[tuple[str, str]]:
     settings = state.settings
     down = []
     try:
-        prepare_indexes(state)
+        state.prepare_indexes()
     except Exception as error:
         if unreachable(error) is None:
             raise  # not an outage: a real fault, shown as one
@@ -76,7 +76,7 @@ def _prepare_when_up(state: AppState) -> None:
     while True:
         time.sleep(PREPARE_EVERY_S)
         try:
-            prepare_indexes(state)
+            state.prepare_indexes()
         except Exception as error:  # noqa: BLE001  (still down: try again; anything else: say so once)
             if unreachable(error) is None:
                 log.warning("could not prepare the indexes: %s", type(error).__name__)

@@ -12,7 +12,7 @@ import json
 from collections import Counter
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
@@ -30,8 +30,8 @@ from shared.ingest import STAGE_TASK, Ingestor, StageRef, Upload
 from shared.models import DocStatus, KnowledgeBase, Stage, utcnow
 from shared.queue import broker_client
 from shared.registry import Registry
+from shared.wiring import Services
 from tests.integration.helpers import new_kb, orphan, wait_terminal
-from workers.context import WorkerContext
 from workers.reconciler import _resend
 
 pytestmark = pytest.mark.integration
@@ -264,7 +264,7 @@ def test_bulk_priority_opts_out_and_a_request_is_admitted_whole(
 
 
 def test_the_reconciler_sends_a_lost_bulk_document_through_its_lane_once(
-    quiet: Quiet, registry: Registry, settings: Settings, quiet_kbs: list[KnowledgeBase]
+    services: Services, quiet: Quiet, registry: Registry, settings: Settings, quiet_kbs: list[KnowledgeBase]
 ) -> None:
     kb = new_kb(registry, pii_policy="off")
     quiet_kbs.append(kb)
@@ -279,14 +279,7 @@ def test_the_reconciler_sends_a_lost_bulk_document_through_its_lane_once(
         queue="bulk",
         lease_until=utcnow() + timedelta(hours=1),
     )
-    ctx = WorkerContext(
-        settings=quiet.settings,
-        client=registry.client,
-        registry=registry,
-        blobs=BlobStore(settings.state_dir / "blobstore"),
-        sender=quiet.sender,
-        redis=quiet.redis,
-    )
+    ctx = replace(services, settings=quiet.settings, sender=quiet.sender, redis=quiet.redis)
     assert _resend(ctx, registry.require_doc(kb.tenant_id, kb.kb_id, "lost.txt")) is True
     assert quiet.sent(fairqueue.BULK_QUEUE) == []  # not past the lanes
     assert fairqueue.pending(quiet.redis, kb.tenant_id) == 1

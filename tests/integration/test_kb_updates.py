@@ -7,6 +7,7 @@ of a reembed) land between a KB update's read and its write.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
+from dataclasses import replace
 from pathlib import Path
 from typing import Any, cast
 
@@ -22,8 +23,8 @@ from shared.ingest import Ingestor
 from shared.models import KnowledgeBase, Reembed
 from shared.queue import broker_client
 from shared.registry import Registry
+from shared.wiring import Services
 from tests.integration.helpers import new_kb
-from workers.context import WorkerContext
 from workers.reembed import reembed
 
 pytestmark = pytest.mark.integration
@@ -133,17 +134,16 @@ def test_a_reembed_to_a_server_path_is_refused_and_sends_nothing(
 
 
 def test_a_reembed_task_naming_an_unknown_model_writes_nothing(
-    opensearch: OpenSearch, registry: Registry, quiet: tuple[Settings, redis.Redis], tmp_path: Path
+    services: Services, registry: Registry, quiet: tuple[Settings, redis.Redis], tmp_path: Path
 ) -> None:
     """A task the API would not have sent (an old record, a forged message): refused in the worker."""
     quiet_settings, client = quiet
     directory = _model_dir(tmp_path)
     kb = new_kb(registry)
     registry.save_kb(kb.model_copy(update={"reembed": Reembed(model=str(directory))}))
-    ctx = WorkerContext(
+    ctx = replace(
+        services,
         settings=quiet_settings,
-        client=opensearch,
-        registry=registry,
         blobs=BlobStore(tmp_path / "blobs"),
         sender=broker_client(quiet_settings),
         redis=client,

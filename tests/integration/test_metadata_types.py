@@ -13,7 +13,6 @@ import redis
 from celery import Celery
 from opensearchpy import OpenSearch
 
-from shared.blobs import BlobStore
 from shared.config import Settings
 from shared.ingest import Ingestor
 from shared.models import DocStatus, Document, KnowledgeBase, Reembed
@@ -22,8 +21,8 @@ from shared.search.chunk_index import bulk_index
 from shared.search.requests import SearchRequest
 from shared.search.schema import chunk_index_body, chunks_alias, chunks_mapping, upgrade_chunk_indexes
 from shared.search.searcher import Searcher
+from shared.wiring import Services
 from tests.integration.helpers import new_kb, wait_terminal
-from workers.context import WorkerContext
 from workers.reembed import reembed
 from workers.stages.embed import encode_b64
 from workers.stages.store import chunk_doc_id, chunk_source
@@ -229,6 +228,7 @@ def test_two_thousand_keys_of_one_tenant_add_no_fields_while_another_ingests(
 
 
 def test_a_reembed_makes_chunks_of_an_earlier_version_filterable(
+    services: Services,
     registry: Registry,
     ingestor: Ingestor,
     opensearch: OpenSearch,
@@ -264,10 +264,7 @@ def test_a_reembed_makes_chunks_of_an_earlier_version_filterable(
     assert _found(searcher, kb, "ferry timetable", "keyword") == {"fresh", "legacy"}
     assert _found(searcher, kb, "ferry timetable", "keyword", when=march) == {"fresh"}
     registry.save_kb(kb.model_copy(update={"reembed": Reembed(model=settings.embedding.model)}))
-    ctx = WorkerContext(
-        settings, opensearch, registry, BlobStore(settings.state_dir / "blobstore"), sender, redis_client
-    )
-    reembed(ctx, kb.tenant_id, kb.kb_id, settings.embedding.model)
+    reembed(services, kb.tenant_id, kb.kb_id, settings.embedding.model)
     searcher = Searcher(opensearch, settings)  # a new placement cache: the KB moved
     for mode in MODES:
         assert _found(searcher, kb, "ferry timetable", mode, when=march) == {"fresh", "legacy"}, mode

@@ -9,6 +9,7 @@ its local name) is looked for as well: keywords computed before redaction held s
 from __future__ import annotations
 
 import random
+from dataclasses import replace
 from datetime import timedelta
 
 import pytest
@@ -22,10 +23,10 @@ from shared.config import Settings
 from shared.ingest import Ingestor
 from shared.models import DocStatus, KnowledgeBase, utcnow
 from shared.registry import Registry
+from shared.wiring import Services
 from tests.fixtures.pii_canaries import fresh_canaries
 from tests.integration.helpers import chunks_of, new_kb, wait_terminal
 from tests.integration.pii_leaks import blob_store_leaks, index_leaks
-from workers.context import WorkerContext
 from workers.reconciler import reconcile_once
 
 pytestmark = pytest.mark.integration
@@ -158,6 +159,7 @@ def test_bytes_another_live_document_shares_stay_until_it_is_deleted(
 
 
 def test_an_interrupted_delete_is_finished_by_the_reconciler(
+    services: Services,
     registry: Registry,
     ingestor: Ingestor,
     opensearch: OpenSearch,
@@ -181,7 +183,7 @@ def test_an_interrupted_delete_is_finished_by_the_reconciler(
     record.lease_until = utcnow() - timedelta(seconds=1)
     registry.replace_doc(current, record)
 
-    ctx = WorkerContext(settings, opensearch, registry, blobs, sender, redis_client)
+    ctx = replace(services, blobs=blobs)
     reconcile_once(ctx)  # the worker's own reconciler may have been first: the same end
 
     doc = registry.require_doc(kb.tenant_id, kb.kb_id, "half.md").doc

@@ -15,13 +15,13 @@ from kombu.exceptions import OperationalError
 from opensearchpy import OpenSearch
 from opensearchpy.exceptions import ConnectionError as OpenSearchConnectionError
 
-from shared.blobs import BlobStore
 from shared.config import Settings
 from shared.errors import ErrorCode, OutageError, RaglineError, TransientError
 from shared.ingest import QUEUE_LEASE, STAGE_TASK, Ingestor, StageRef
 from shared.models import PIPELINE, STAGE_STATUS, DocStatus, Document, ErrorInfo, Stage, utcnow
 from shared.queue import enqueue
 from shared.registry import Conflict, Registry, Versioned
+from shared.wiring import Services
 from tests.integration.helpers import chunks_of, new_kb, orphan, wait_terminal
 from workers import liveness
 from workers.context import WorkerContext
@@ -36,13 +36,9 @@ pytestmark = pytest.mark.integration
 
 
 @pytest.fixture
-def worker_ctx(
-    settings: Settings, opensearch: OpenSearch, registry: Registry, sender: Celery, redis_client: redis.Redis
-) -> WorkerContext:
-    """What a worker process's stages get, on the test's own clients."""
-    return WorkerContext(
-        settings, opensearch, registry, BlobStore(settings.state_dir / "blobstore"), sender, redis_client
-    )
+def worker_ctx(services: Services) -> WorkerContext:
+    """What a worker process's stages get, wired as a worker wires them."""
+    return services
 
 
 def test_a_document_whose_send_was_lost_is_sent_again(registry: Registry, settings: Settings) -> None:
@@ -57,9 +53,7 @@ def test_a_document_whose_send_was_lost_is_sent_again(registry: Registry, settin
         b"The lighthouse keeper logs every ship.\n",
         lease_until=expired,
     )
-    started = time.monotonic()
     doc = wait_terminal(registry, kb, ["lost.txt"], timeout_s=180)["lost.txt"]
-    print(f"lost send recovered in {time.monotonic() - started:.1f} s")
     assert doc.status == DocStatus.READY
 
 
@@ -78,9 +72,7 @@ def test_a_dead_workers_reserved_tasks_are_sent_again_without_waiting_out_their_
         lease_until=utcnow() + QUEUE_LEASE,
     )
     redis_client.hset(liveness.WORKERS_KEY, "a-dead-host:4242", str(time.time() - 3600))
-    started = time.monotonic()
     doc = wait_terminal(registry, kb, ["reserved.txt"], timeout_s=180)["reserved.txt"]
-    print(f"a dead worker's reserved document ready {time.monotonic() - started:.1f} s later")
     assert doc.status == DocStatus.READY
     assert not redis_client.hexists(liveness.WORKERS_KEY, "a-dead-host:4242")
 
@@ -126,9 +118,7 @@ def test_broker_flushed_mid_load_loses_nothing(
         )
     time.sleep(2)
     redis_client.flushall()  # queues, unacknowledged tasks, caches: all gone
-    flushed = time.monotonic()
     docs = wait_terminal(registry, kb, names, timeout_s=300)
-    print(f"all {len(names)} documents terminal {time.monotonic() - flushed:.1f} s after the flush")
     assert {d.status for d in docs.values()} == {DocStatus.READY}
 
 
@@ -195,9 +185,7 @@ def test_a_hand_over_whose_reply_was_lost_still_sends_the_next_stage(
     assert moved.doc.status == DocStatus.CHUNKING
     assert moved.doc.claimed_by is None
     # Unclaimed with a 30-minute queue lease: only a sent chunk task brings it to ready in time.
-    started = time.monotonic()
     doc = wait_terminal(registry, kb, ["reply-lost.txt"], timeout_s=120)["reply-lost.txt"]
-    print(f"a hand-over whose reply was lost: {doc.status} {time.monotonic() - started:.1f} s later")
     assert doc.status == DocStatus.READY
 
 

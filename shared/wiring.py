@@ -1,0 +1,61 @@
+"""The one place that builds a process's services from its settings: the API and the MCP fronts,
+the worker, the integration tests and the bench all call `build_services`.
+
+Building connects nothing: OpenSearch, Redis and the broker are reached at their first use, so a
+front can start while a backing service is still coming up.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import redis
+from celery import Celery
+from opensearchpy import OpenSearch
+
+from shared.blobs import BlobStore
+from shared.catalog import Catalog
+from shared.config import Settings
+from shared.ingest import Ingestor
+from shared.queue import broker_client, redis_client
+from shared.registry import Registry
+from shared.search.client import build_client
+from shared.search.schema import ensure_indexes
+from shared.search.searcher import Searcher
+
+
+@dataclass(frozen=True)
+class Services:
+    settings: Settings
+    client: OpenSearch
+    redis: redis.Redis
+    sender: Celery
+    registry: Registry
+    blobs: BlobStore
+    ingestor: Ingestor
+    catalog: Catalog
+    searcher: Searcher
+
+    def prepare_indexes(self) -> None:
+        """Create the indexes, templates and aliases that are missing (idempotent)."""
+        ensure_indexes(self.client, self.settings)
+
+
+def build_services(settings: Settings) -> Services:
+    client = build_client(settings.opensearch)
+    registry = Registry(client, settings)
+    blobs = BlobStore(settings.state_dir / "blobstore")
+    sender = broker_client(settings)
+    broker = redis_client(settings)
+    ingestor = Ingestor(settings, registry, blobs, sender, broker)
+    return Services(
+        settings=settings,
+        client=client,
+        redis=broker,
+        sender=sender,
+        registry=registry,
+        blobs=blobs,
+        ingestor=ingestor,
+        catalog=Catalog(settings, registry, ingestor),
+        searcher=Searcher(client, settings),
+    )
