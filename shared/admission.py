@@ -53,6 +53,30 @@ return 1
 """
 
 
+def may_be_interactive(settings: Settings, priority: str | None, sizes: list[int | None]) -> bool:
+    """Whether a request may take an interactive slot, before the tenant's quota is counted: one
+    document of a known size within the bound, not opted out, on a deployment that serves the queue.
+
+    `priority` None (the caller did not say) is the same wish as `interactive`: every front leaves
+    the choice to this policy unless its caller opts out with `bulk`.
+    """
+    if priority is not None and priority not in PRIORITIES:
+        raise RaglineError(
+            f"priority must be one of {list(PRIORITIES)}",
+            code=ErrorCode.INVALID_ARGUMENT,
+            details={"field": "priority"},
+        )
+    api = settings.api
+    return (
+        priority != fairqueue.BULK_QUEUE
+        and len(sizes) == 1
+        and sizes[0] is not None
+        and sizes[0] <= api.interactive_max_bytes
+        and INTERACTIVE_QUEUE in settings.celery.queues
+        and api.interactive_max_in_flight > 0
+    )
+
+
 def slots_key(tenant_id: str) -> str:
     return f"ragline:interactive:{tenant_id}"
 
@@ -75,20 +99,7 @@ class Admitter:
 
     def admit(self, tenant_id: str, priority: str | None, sizes: list[int | None]) -> Admission:
         """The queue for a request of documents of these sizes (None: not known before reading)."""
-        if priority is not None and priority not in PRIORITIES:
-            raise RaglineError(
-                f"priority must be one of {list(PRIORITIES)}",
-                code=ErrorCode.INVALID_ARGUMENT,
-                details={"field": "priority"},
-            )
-        api = self.settings.api
-        single_small = len(sizes) == 1 and sizes[0] is not None and sizes[0] <= api.interactive_max_bytes
-        if (
-            priority != fairqueue.BULK_QUEUE
-            and single_small
-            and INTERACTIVE_QUEUE in self.settings.celery.queues
-            and api.interactive_max_in_flight > 0
-        ):
+        if may_be_interactive(self.settings, priority, sizes):
             slot = self._reserve(tenant_id)
             if slot is not None:
                 return Admission(INTERACTIVE_QUEUE, slot)

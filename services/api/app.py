@@ -20,7 +20,8 @@ from services.api.metrics import Metrics, RequestLatency
 from services.api.readiness import Readiness
 from services.api.request_context import RequestContext
 from services.api.routes import batches, documents, health, kbs, search
-from services.core.container import AppState, build_state, prepare_indexes
+from services.api.upload_body import is_json_upload
+from services.core.container import AppState, build_state
 from services.core.envelope import envelope
 from services.mcp.http import mcp_routes
 from services.mcp.server import build_mcp
@@ -42,7 +43,7 @@ def body_limits(api: ApiSettings) -> Callable[[Scope], int]:
         if is_rest(scope) and not (scope["method"] == "POST" and _UPLOAD.match(scope["path"])):
             return api.max_json_bytes
         content_type = Headers(raw=scope.get("headers", [])).get("content-type", "")  # the route's: the first
-        if is_rest(scope) and documents.is_json_upload(content_type):
+        if is_rest(scope) and is_json_upload(content_type):
             return api.json_upload_limit
         return api.max_request_bytes
 
@@ -119,7 +120,7 @@ def create_app(settings: Settings | None = None, state: AppState | None = None) 
     @asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
         try:
-            prepare_indexes(state)
+            state.prepare_indexes()
         except Exception as error:  # noqa: BLE001  (serve anyway; /readyz tells what is missing)
             log.warning("could not prepare the indexes yet: %s", type(error).__name__)
         async with mcp.session_manager.run():

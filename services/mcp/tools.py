@@ -27,7 +27,6 @@ from services.core.auth import Principal, Role, require
 from services.core.container import AppState
 from shared.catalog import BatchView, DocumentPage, DocumentStatus, DocumentText, KbView
 from shared.errors import ErrorCode, RaglineError
-from shared.ingest import SubmitResult
 from shared.models import ID_PATTERN, DocStatus
 from shared.search.requests import Filters, Mode, SearchRequest, SearchResponse
 
@@ -170,9 +169,8 @@ async def ingest(
     data = _payload(content, content_base64, state.settings.api.max_file_bytes)
     batch_id = uuid.uuid4().hex
     result = await run_in_threadpool(
-        _submit,
-        state,
-        principal,
+        state.ingestor.submit,
+        principal.tenant,
         kb_id,
         data,
         filename=filename or ("content.txt" if content else None),
@@ -259,32 +257,6 @@ TOOLS: tuple[tuple[Any, ToolAnnotations], ...] = (
     (get_batch_status, READ_ONLY),
     (read_document, READ_ONLY),
 )
-
-
-def _submit(
-    state: AppState,
-    principal: Principal,
-    kb_id: str,
-    data: bytes,
-    *,
-    filename: str | None,
-    mime_type: str | None,
-    doc_id: str | None,
-    metadata: dict[str, Any],
-    batch_id: str,
-) -> SubmitResult:
-    """The ingest tool's one call into the upload policy (admission and queue choice)."""
-    return state.ingestor.submit(
-        principal.tenant,
-        kb_id,
-        data,
-        filename=filename,
-        mime_type=mime_type,
-        doc_id=doc_id,
-        metadata=metadata,
-        batch_id=batch_id,
-        priority="interactive",  # an agent's document: admission keeps it within the tenant's quota
-    )
 
 
 def _payload(content: str | None, content_base64: str | None, limit: int) -> bytes:
