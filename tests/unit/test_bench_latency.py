@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from bench.run import LATENCY_ROUNDS, taking_turns
+from bench.phases.latency import LATENCY_ROUNDS, taking_turns
 
 
 def _recording(order: list[tuple[str, int]]) -> dict[str, Callable[[list[str]], list[float]]]:

@@ -1,0 +1,65 @@
+"""The whole corpus loaded with PII off, after a warm-up, against the raw model in as many processes."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from bench.baselines import restart_worker
+from bench.corpus import write_corpus
+from bench.cpu import CpuMeter
+from bench.rss import RssSampler
+from bench.session import Bench
+
+# Throwaway documents loaded before the counted ones.
+WARMUP, WARMUP_QUICK = 100, 12
+
+
+def warm_opensearch(bench: Bench, files: list[tuple[Path, str]]) -> None:
+    """A throwaway load before the measured ones, deleted after it.
+
+    `make bench` starts the local stack when it is down, and a new JVM compiles its hot paths while
+    its first loads run: a cost of each OpenSearch start, not of the pipeline (the raw model is
+    warmed up before its clock starts too). On 2 cores the C2 compiler keeps working through whole
+    loads even after a long warm-up, so a longer one buys nothing: what the warm-up cost is
+    reported, and the measured phases report the compiler's share (`opensearch_jit`).
+    """
+    bench.say(f"warm-up: {len(files)} documents into a throwaway KB (a fresh OpenSearch JVM compiles)")
+    kb = bench.kb("warmup", "off")
+    with CpuMeter(bench.settings) as cpu:
+        run = bench.ingest(kb, files)
+    bench.remote.delete(f"/v1/kbs/{kb}")
+    bench.results["warmup"] = run | {"cpu_seconds": cpu.summary()}
+
+
+def ingest_figures(
+    bench: Bench, docs: list[dict[str, str]], workers: int
+) -> tuple[str, list[tuple[Path, str]]]:
+    """The whole corpus, PII off, against the raw model in as many processes as the worker has."""
+    files = write_corpus(docs, bench.work / "corpus")
+    restart_worker(bench.settings, workers)
+    with bench.phase("warmup"):
+        warm_opensearch(bench, files[: WARMUP_QUICK if bench.quick else WARMUP])
+    bench.say(f"ingest, PII off: {len(files)} documents, {workers} worker processes")
+    kb_off = bench.kb("off", "off")
+    with RssSampler(bench.settings) as rss, CpuMeter(bench.settings) as cpu:
+        off = bench.ingest(kb_off, files)
+    off["cpu_seconds"] = cpu.summary()
+    texts = bench.chunk_texts(kb_off)
+    raw = bench.raw_model(texts, workers)
+    bench.say(f"raw model: {raw['chunks_per_s']} chunks/s on {raw['chunks']} of the {len(texts)} chunk texts")
+    off["per_stage_ms_per_chunk"] = bench.stage_costs(kb_off, off["chunks"])
+    off["cpu_ms_per_chunk"] = {
+        name: round(seconds / off["chunks"] * 1000, 2)
+        for name, seconds in off["cpu_seconds"].items()
+        if name != "wall_s"
+    }
+    bench.results["ingest"] = {
+        "pii_off": off,
+        "raw_model": raw,
+        "ratio_pipeline_to_raw_pii_off": round(off["chunks_per_s"] / raw["chunks_per_s"], 3),
+        "cpu_ratio_raw_to_worker": round(raw["cpu_ms_per_chunk"] / off["cpu_ms_per_chunk"]["worker"], 3),
+        "workers": workers,
+    }
+    bench.results["memory"] = rss.summary()
+    bench.results["index"] = bench.index_size()
+    return kb_off, files
