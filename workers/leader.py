@@ -32,7 +32,7 @@ return 0
 """
 
 
-def _dead_here(holder: str) -> bool:
+def dead_here(holder: str) -> bool:
     """True when `holder` (host:pid) was a process of this host that no longer exists."""
     host, _, pid = holder.rpartition(":")
     if host != socket.gethostname() or not pid.isdigit():
@@ -59,7 +59,7 @@ def hold(client: redis.Redis, key: str, me: str, ttl_s: int) -> bool:
     if holder == me:
         client.expire(key, ttl_s)
         return True
-    if holder is not None and _dead_here(holder):
+    if holder is not None and dead_here(holder):
         return bool(client.eval(_TAKE_OVER, 1, key, holder, me, ttl_s))
     return False
 

@@ -36,7 +36,7 @@ PAGE = 500
 ORDER = [{"tenant_id": "asc"}, {"kb_id": "asc"}, {"doc_id": "asc"}]
 
 
-def _resend(ctx: WorkerContext, found: Versioned) -> bool:
+def resend_stuck(ctx: WorkerContext, found: Versioned) -> bool:
     """Send the document's stage again; a bulk document's first stage goes back through its lane.
 
     A bulk document still waiting its turn in the lane is not sent (that would jump the fair
@@ -123,7 +123,7 @@ def reconcile_once(ctx: WorkerContext) -> int:
         )
         for hit in hits:
             found = Versioned(Document.model_validate(hit["_source"]), hit["_seq_no"], hit["_primary_term"])
-            sent += _resend(ctx, found)
+            sent += resend_stuck(ctx, found)
         if len(hits) < PAGE:
             break
         after = hits[-1]["sort"]

@@ -38,7 +38,7 @@ from shared.search.schema import chunks_alias, docs_index
 from shared.search.searcher import Searcher
 from shared.wiring import build_services
 from tests.integration.helpers import new_kb, wait_terminal
-from workers.leader import _dead_here
+from workers.leader import dead_here
 from workers.reconciler import EPOCH_KEY
 from workers.tasks import FEEDER_LEASE, RECONCILER_LEASE
 
@@ -292,7 +292,7 @@ def test_a_stopped_worker_leaves_its_queue_waiting_and_its_restart_drains_it(sta
     stack.script("worker", "stop", EMBED_WORKER)
     # A clean stop hands the periodic jobs over: no lease stays with a process that is gone.
     holders = [stack.broker.get(lease) for lease in (RECONCILER_LEASE, FEEDER_LEASE)]
-    assert not any(isinstance(h, bytes) and _dead_here(h.decode()) for h in holders), holders
+    assert not any(isinstance(h, bytes) and dead_here(h.decode()) for h in holders), holders
     try:
         names = _held_at_embed_stage(stack, kb)
     finally:

@@ -32,7 +32,7 @@ from shared.queue import broker_client
 from shared.registry import Registry
 from shared.wiring import Services
 from tests.integration.helpers import new_kb, orphan, wait_terminal
-from workers.reconciler import _resend
+from workers.reconciler import resend_stuck
 
 pytestmark = pytest.mark.integration
 
@@ -280,12 +280,12 @@ def test_the_reconciler_sends_a_lost_bulk_document_through_its_lane_once(
         lease_until=utcnow() + timedelta(hours=1),
     )
     ctx = replace(services, settings=quiet.settings, sender=quiet.sender, redis=quiet.redis)
-    assert _resend(ctx, registry.require_doc(kb.tenant_id, kb.kb_id, "lost.txt")) is True
+    assert resend_stuck(ctx, registry.require_doc(kb.tenant_id, kb.kb_id, "lost.txt")) is True
     assert quiet.sent(fairqueue.BULK_QUEUE) == []  # not past the lanes
     assert fairqueue.pending(quiet.redis, kb.tenant_id) == 1
     assert fairqueue.is_waiting(quiet.redis, kb.tenant_id, kb.kb_id, "lost.txt", 1)
     # Still waiting its turn: the next round only renews its lease.
-    assert _resend(ctx, registry.require_doc(kb.tenant_id, kb.kb_id, "lost.txt")) is False
+    assert resend_stuck(ctx, registry.require_doc(kb.tenant_id, kb.kb_id, "lost.txt")) is False
     assert fairqueue.pending(quiet.redis, kb.tenant_id) == 1
     # The feeder sends it, and a lane entry lost after that would be re-sent again.
     assert fairqueue.feed(quiet.redis, quiet.sender, quiet.settings, depth=8) == 1
