@@ -50,3 +50,35 @@ def test_anchor_follows_the_github_rule() -> None:
 def test_every_relative_link_resolves() -> None:
     broken = {page.name: links for page in _pages() if (links := broken_links(page))}
     assert broken == {}
+
+
+_CITATION = re.compile(r"\b(docs/[\w\-]+\.md)(?:#([\w\-]+))?")
+
+
+def broken_citations(source: Path) -> list[str]:
+    """The `docs/<page>.md#anchor` citations in a source file whose page or heading does not exist."""
+    broken = []
+    for path, fragment in _CITATION.findall(source.read_text(encoding="utf-8")):
+        page = REPO_ROOT / path
+        if not page.exists() or (fragment and fragment not in _anchors(page)):
+            broken.append(f"{path}#{fragment}" if fragment else path)
+    return broken
+
+
+def test_code_cites_pages_and_headings_that_exist() -> None:
+    sources = [
+        p
+        for pkg in ("shared", "services", "workers", "client", "bench", "deploy")
+        for p in (REPO_ROOT / pkg).rglob("*.py")
+        if "__pycache__" not in p.parts
+    ]
+    broken = {str(p.relative_to(REPO_ROOT)): found for p in sources if (found := broken_citations(p))}
+    assert broken == {}
+
+
+def test_a_citation_of_a_missing_heading_is_found(tmp_path: Path) -> None:
+    source = tmp_path / "cites.py"
+    source.write_text(
+        '"""See docs/architecture.md#pipeline-stages and docs/architecture.md#no-such-part."""\n'
+    )
+    assert broken_citations(source) == ["docs/architecture.md#no-such-part"]
