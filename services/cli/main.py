@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import shutil
@@ -13,7 +14,6 @@ import typer
 
 from services.cli import remote_commands
 from shared.config import REPO_ROOT, ConfigError, Settings, get_settings
-from shared.queue import all_queues
 
 app = typer.Typer(
     name="ragline",
@@ -22,6 +22,8 @@ app = typer.Typer(
     add_completion=False,
 )
 
+# What the server commands import beyond a client install: the `server` extra's (pyproject.toml).
+SERVER_MODULES = ("celery", "opensearchpy", "fastapi", "sentence_transformers")
 STACK_SCRIPT = REPO_ROOT / "deploy" / "local" / "stack.sh"
 Services = Annotated[
     list[str] | None,
@@ -35,6 +37,18 @@ def _settings() -> Settings:
     except ConfigError as error:
         typer.echo(str(error), err=True)
         raise typer.Exit(2) from None
+
+
+def _needs_server(command: str) -> None:
+    """Stop with a clear message where a client install (no `server` extra) runs a server command."""
+    missing = [m for m in SERVER_MODULES if importlib.util.find_spec(m) is None]
+    if missing:
+        typer.echo(
+            f"INVALID_ARGUMENT: `ragline {command}` runs the server, which this install lacks "
+            f"({', '.join(missing)}); install ragline[server]",
+            err=True,
+        )
+        raise typer.Exit(2)
 
 
 def _run_stack(command: str, services: list[str] | None) -> None:
@@ -75,6 +89,9 @@ def worker(
     pidfile: Annotated[str | None, typer.Option(help="Write the worker's pid to this file.")] = None,
 ) -> None:
     """Run a Celery worker of the ingestion pipeline in the foreground."""
+    _needs_server("worker")
+    from shared.queue import all_queues
+
     settings = _settings()
     known = all_queues(settings)
     served = queues.split(",") if queues else known
@@ -116,6 +133,7 @@ def serve(
     ] = None,
 ) -> None:
     """Run the REST API (and MCP at /mcp) with uvicorn."""
+    _needs_server("serve")
     import uvicorn
 
     from services.api.app import create_app
@@ -143,6 +161,7 @@ def serve(
 @app.command()
 def mcp() -> None:
     """Run the MCP server over stdio, as the configured tenant (RAGLINE_TENANT)."""
+    _needs_server("mcp")
     from services.mcp.stdio import serve_stdio
 
     serve_stdio(_settings())

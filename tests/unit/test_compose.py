@@ -289,3 +289,22 @@ def test_build_context_keeps_what_pip_needs() -> None:
     for source in (s for sources in copied for s in sources):
         assert f"!{source.rstrip('/')}/" in ignore or f"!{source}" in ignore, source
         assert Path(REPO_ROOT / source).exists(), source
+
+
+def test_image_copies_every_package_the_wheel_ships() -> None:
+    import tomllib
+
+    project = tomllib.loads((REPO_ROOT / "pyproject.toml").read_text())
+    packages = {p.rstrip("*") for p in project["tool"]["setuptools"]["packages"]["find"]["include"]}
+    copied = {
+        s.rstrip("/")
+        for keyword, rest in dockerfile_instructions()
+        if keyword == "COPY"
+        for s in rest.split()[:-1]
+    }
+    assert packages <= copied, f"deploy/Dockerfile does not copy {sorted(packages - copied)}"
+
+
+def test_image_installs_the_server_extra() -> None:
+    runs = " ".join(rest for keyword, rest in dockerfile_instructions() if keyword == "RUN")
+    assert "['optional-dependencies']['server']" in runs, "the image must install the server's dependencies"
