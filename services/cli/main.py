@@ -159,8 +159,22 @@ def serve(
 
 
 @app.command()
-def mcp() -> None:
-    """Run the MCP server over stdio, as the configured tenant (RAGLINE_TENANT)."""
+def mcp(
+    server: Annotated[
+        str | None,
+        typer.Option(
+            "--server",
+            help="Serve a remote Ragline's tools instead (its URL; the key from RAGLINE_API_KEY).",
+        ),
+    ] = None,
+) -> None:
+    """Run the MCP server over stdio, as the configured tenant (RAGLINE_TENANT), or with --server
+    a stdio proxy to a remote Ragline, which needs only the client install."""
+    if server is not None:
+        from client.mcp_proxy import serve_proxy
+
+        serve_proxy(server, os.environ.get("RAGLINE_API_KEY") or None)
+        return
     _needs_server("mcp")
     from services.mcp.stdio import serve_stdio
 

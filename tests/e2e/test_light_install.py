@@ -13,10 +13,12 @@ import sys
 import uuid
 from pathlib import Path
 
+import anyio
 import pytest
 
 from shared.config import REPO_ROOT
 from tests.e2e.helpers import Server
+from tests.e2e.test_mcp_proxy import check_the_proxy_serves_the_remote_tools
 
 pytestmark = pytest.mark.e2e
 
@@ -130,3 +132,7 @@ def test_the_remote_commands_work_from_the_client_install(
     batch = json.loads(cli("batch", "status", report["batch_id"]))
     assert batch["total"] == 2, batch
     assert kb in cli("kb", "list", "--json")
+
+
+def test_the_mcp_proxy_runs_from_the_client_install(light: Path, server: Server) -> None:
+    anyio.run(check_the_proxy_serves_the_remote_tools, server, str(light / "bin" / "ragline"))
