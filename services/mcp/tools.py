@@ -28,6 +28,7 @@ from services.core.container import AppState
 from shared.catalog import BatchView, DocumentPage, DocumentStatus, DocumentText, KbView
 from shared.errors import ErrorCode, RaglineError
 from shared.models import ID_PATTERN, DocStatus
+from shared.search.fusion import Fusion
 from shared.search.requests import Filters, Mode, SearchRequest, SearchResponse
 
 READ_ONLY = ToolAnnotations(
@@ -113,6 +114,16 @@ async def search(
     ] = None,
     top_k: Annotated[int, Field(ge=1, le=100, description="How many hits to return.")] = 10,
     mode: Annotated[Mode, Field(description="hybrid (default), similarity or keyword.")] = Mode.HYBRID,
+    fusion: Annotated[
+        Fusion, Field(description="Hybrid: how the arms' scores combine (min_max, rrf or z_score).")
+    ] = Fusion.MIN_MAX,
+    weights: Annotated[
+        dict[str, float] | None,
+        Field(
+            description="Hybrid: weights of the arms keyword, semantic, document_keyword and "
+            "document_semantic; an arm not named weighs 0. Default: all equal."
+        ),
+    ] = None,
     min_score: Annotated[
         float | None, Field(ge=0, le=1, description="Similarity mode: lowest score.")
     ] = None,
@@ -130,6 +141,8 @@ async def search(
         kb_ids=kb_ids,
         top_k=top_k,
         mode=mode,
+        fusion=fusion,
+        weights=weights,
         min_score=min_score,
         filters=filters,
         max_per_document=max_per_document,
