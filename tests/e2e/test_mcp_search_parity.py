@@ -50,3 +50,26 @@ def test_fusion_and_weights_rank_alike_through_mcp_and_rest(server: Server) -> N
     bad = client.post("/v1/search", json={**request, "weights": {"bogus": 1}})
     assert bad.status_code == 422, bad.text
     assert bad.json()["code"] == "INVALID_ARGUMENT"
+
+
+async def _read_document(server: Server, kb: str, doc_id: str) -> dict[str, Any]:
+    async with http_session(server, "a_admin") as session:
+        return await call(session, "read_document", kb_id=kb, doc_id=doc_id, chunk_idx=0, window=1)
+
+
+def test_rest_reads_a_documents_chunks_as_mcp_read_document_does(server: Server) -> None:
+    client = server.client("a_admin")
+    kb = f"chunks-{uuid.uuid4().hex[:6]}"
+    assert client.post("/v1/kbs", json={"kb_id": kb, "name": kb}).status_code == 201
+    doc_id = "notes/ends/chunks"  # an id a path route could not tell from a sub-resource
+    body = {"content": DOCS["puffins.md"], "doc_id": doc_id, "filename": "puffins.md"}
+    assert client.post(f"/v1/kbs/{kb}/documents", json=body).status_code == 202
+    wait_ready(client, kb, [doc_id])
+    rest = client.get(f"/v1/kbs/{kb}/chunks", params={"doc_id": doc_id, "chunk_idx": 0, "window": 1})
+    assert rest.status_code == 200, rest.text
+    assert rest.json() == anyio.run(_read_document, server, kb, doc_id)
+    assert "puffins" in rest.json()["chunks"][0]["text"].lower()
+    missing = client.get(f"/v1/kbs/{kb}/chunks", params={"doc_id": "absent"})
+    assert missing.status_code == 404, missing.text
+    assert missing.json()["code"] == "NOT_FOUND"
+    assert client.get(f"/v1/kbs/{kb}/chunks", params={"doc_id": doc_id, "window": 99}).status_code == 422
