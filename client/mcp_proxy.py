@@ -22,6 +22,7 @@ from mcp.client.session import ClientSession
 from mcp.client.streamable_http import streamablehttp_client
 from mcp.server.lowlevel import NotificationOptions, Server
 from mcp.server.stdio import stdio_server
+from mcp.shared.exceptions import McpError
 
 log = logging.getLogger(__name__)
 
@@ -29,6 +30,10 @@ PATH_FIELD = {
     "type": "string",
     "description": "A file on the machine this proxy runs on: read and uploaded (instead of content).",
 }
+# The largest local file the proxy reads: base64 in one JSON-RPC message, so it stays in memory
+# three times over; the server refuses what exceeds its own limit with TOO_LARGE.
+MAX_PATH_BYTES = 100 * 2**20
+SESSION_GONE = 32600  # the SDK client's code when the server no longer knows the session
 CONNECT_WAIT_S = 15.0  # how long a call waits for the remote before it answers UNAVAILABLE
 RETRY_AFTER_S = (0.5, 1.0, 2.0, 5.0)
 
@@ -67,8 +72,8 @@ class RemoteRagline:
             except Exception as error:  # noqa: BLE001  (any failure to reach the remote: retried)
                 self.failure = _failure(self.url, error)
                 log.warning("%s", self.failure)
+                self._tried.set()  # callers waiting for a session learn that there is none
             self._session = None
-            self._tried.set()
             self._broken = anyio.Event()
             await anyio.sleep(RETRY_AFTER_S[min(attempt, len(RETRY_AFTER_S) - 1)])
             attempt += 1
@@ -80,8 +85,10 @@ class RemoteRagline:
         return self._session
 
     def drop(self, session: ClientSession) -> None:
-        """The session failed under a call: the keeper opens a new one."""
+        """The session failed under a call: the keeper opens a new one, which callers wait for."""
         if self._session is session:
+            self._session = None
+            self._tried = anyio.Event()
             self._broken.set()
 
 
@@ -117,7 +124,13 @@ def read_local_file(arguments: dict[str, Any]) -> dict[str, Any]:
     path = Path(os.path.expanduser(str(out.pop("path"))))
     if out.get("content") is not None or out.get("content_base64") is not None:
         raise ValueError("give path, content or content_base64, not several")
-    out["content_base64"] = base64.b64encode(path.read_bytes()).decode()
+    if not path.is_file():  # a directory, a FIFO or a device would block or never end
+        raise ValueError(f"{path} is not a regular file")
+    with path.open("rb") as file:
+        data = file.read(MAX_PATH_BYTES + 1)
+    if len(data) > MAX_PATH_BYTES:
+        raise ValueError(f"{path} is larger than {MAX_PATH_BYTES // 2**20} MiB")
+    out["content_base64"] = base64.b64encode(data).decode()
     out.setdefault("filename", path.name)
     return out
 
@@ -141,6 +154,10 @@ def build_proxy(remote: RemoteRagline) -> Server[Any, Any]:
                 return _error(remote.failure)
             try:
                 return await session.call_tool(name, arguments, progress_callback=relay)
+            except McpError as error:
+                if error.error.code != SESSION_GONE:  # the remote answered: a protocol error
+                    return _error(f"INVALID_ARGUMENT: {error.error.message}")
+                remote.drop(session)
             except Exception as error:  # noqa: BLE001  (the transport failed, not the tool)
                 log.warning("call of %s failed on the remote session: %s", name, error)
                 remote.drop(session)

@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import base64
+import os
 from pathlib import Path
 
 import httpx
 import pytest
 from mcp import types
 
+from client import mcp_proxy
 from client.mcp_proxy import PATH_FIELD, _failure, _with_path, read_local_file
 
 
@@ -51,3 +53,21 @@ def test_a_refused_key_inside_a_task_group_reads_as_an_auth_error() -> None:
     group = ExceptionGroup("tasks", [RuntimeError("closed"), ExceptionGroup("inner", [refused])])
     assert _failure("http://remote/mcp", group).startswith("AUTH_ERROR: ")
     assert _failure("http://remote/mcp", httpx.ConnectError("refused")).startswith("UNAVAILABLE: ")
+
+
+def test_a_path_that_is_not_a_regular_file_is_refused_before_reading(tmp_path: Path) -> None:
+    fifo = tmp_path / "pipe"
+    os.mkfifo(fifo)  # reading it would block the proxy until a writer came
+    for path in (tmp_path, fifo, Path("/dev/zero"), tmp_path / "absent"):
+        with pytest.raises(ValueError, match="not a regular file"):
+            read_local_file({"path": str(path)})
+
+
+def test_a_file_over_the_bound_is_refused(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(mcp_proxy, "MAX_PATH_BYTES", 10)
+    file = tmp_path / "big.txt"
+    file.write_bytes(b"x" * 11)
+    with pytest.raises(ValueError, match="larger than"):
+        read_local_file({"path": str(file)})
+    file.write_bytes(b"x" * 10)
+    assert read_local_file({"path": str(file)})["content_base64"] == base64.b64encode(b"x" * 10).decode()
