@@ -68,6 +68,7 @@ class Endpoint:
     method: str
     path: str  # as declared, e.g. /v1/kbs/{kb_id}/documents/{doc_id:path}
     body_required: bool
+    query_required: tuple[str, ...] = ()  # query parameters the endpoint cannot do without
 
 
 @dataclass(frozen=True)
@@ -110,7 +111,13 @@ def surface(server: Server) -> AppSurface:
             if not isinstance(route, APIRoute):
                 assert (method, path) in PUBLIC, f"{method} {path}: not an API route; is it public?"
             operation = spec["paths"].get(re.sub(r"\{(\w+):\w+\}", r"{\1}", path), {}).get(method.lower(), {})
-            endpoints.append(Endpoint(method, path, bool(operation.get("requestBody", {}).get("required"))))
+            required_query = tuple(
+                p["name"]
+                for p in operation.get("parameters", [])
+                if p.get("in") == "query" and p.get("required")
+            )
+            body_required = bool(operation.get("requestBody", {}).get("required"))
+            endpoints.append(Endpoint(method, path, body_required, required_query))
     assert transports == MCP_TRANSPORTS
     return AppSurface(endpoints, transports)
 
@@ -178,6 +185,15 @@ def _path(endpoint: Endpoint, a: TenantA) -> str:
     return re.sub(r"\{([^}]+)\}", fill, endpoint.path)
 
 
+def _params(endpoint: Endpoint, a: TenantA) -> dict[str, str]:
+    """Values for the endpoint's required query parameters, aimed at A's objects."""
+    values = {"doc_id": a.doc, "chunk_idx": "0"}
+    missing = [name for name in endpoint.query_required if name not in values]
+    if missing:
+        pytest.fail(f"{endpoint.method} {endpoint.path}: no test value for the query parameters {missing}")
+    return {name: values[name] for name in endpoint.query_required}
+
+
 def _bodies(endpoint: Endpoint, a: TenantA) -> list[dict[str, Any] | None]:
     """Valid bodies aimed at A's objects; a new endpoint that takes a body must be added here."""
     table: dict[tuple[str, str], list[dict[str, Any] | None]] = {
@@ -223,7 +239,9 @@ def test_tenant_b_sees_and_changes_nothing_of_tenant_a_over_rest(server: Server,
     with server.client("b_admin") as b:
         for endpoint in ordered:
             for body in _bodies(endpoint, a):
-                response = b.request(endpoint.method, _path(endpoint, a), json=body)
+                response = b.request(
+                    endpoint.method, _path(endpoint, a), params=_params(endpoint, a), json=body
+                )
                 calls += 1
                 statuses.append(response.status_code)
                 leaked += a.leaked(response.text)
@@ -307,7 +325,11 @@ def test_only_the_public_probes_answer_without_a_valid_key(
             body = _bodies(endpoint, tenant_a)[0]
             for who in BAD_IDENTITIES:
                 response = client.request(
-                    endpoint.method, _path(endpoint, tenant_a), json=body, headers=_identity(server, who)
+                    endpoint.method,
+                    _path(endpoint, tenant_a),
+                    params=_params(endpoint, tenant_a),
+                    json=body,
+                    headers=_identity(server, who),
                 )
                 calls += 1
                 if response.status_code == 401:
@@ -328,7 +350,10 @@ def test_a_read_key_is_refused_on_every_write_endpoint(
     with server.client("a_read") as reader:
         for endpoint in _protected(surface):
             response = reader.request(
-                endpoint.method, _path(endpoint, tenant_a), json=_bodies(endpoint, tenant_a)[0]
+                endpoint.method,
+                _path(endpoint, tenant_a),
+                params=_params(endpoint, tenant_a),
+                json=_bodies(endpoint, tenant_a)[0],
             )
             if endpoint.method == "GET" or (endpoint.method, endpoint.path) in READ_POSTS:
                 reads += 1
