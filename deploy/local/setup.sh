@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Installs what Ragline needs on this machine, idempotently: Debian packages, the .venv with the
-# project and its dev extra, and the OpenSearch artifacts. A second run does only what changed.
+# project and its dev extra, the OpenSearch artifacts and S3Proxy. A second run does only what changed.
 set -euo pipefail
 HERE=$(dirname "${BASH_SOURCE[0]}")
 source "$HERE/lib.sh"
@@ -44,3 +44,4 @@ install_venv() {
 install_apt
 install_venv
 bash "$HERE/opensearch.sh" install
+bash "$HERE/s3.sh" install

@@ -1,11 +1,12 @@
 #!/usr/bin/env bash
-# Drives the whole local stack on 127.0.0.1: OpenSearch (with k-NN), Redis, a Celery worker, the API.
-# Usage: stack.sh up|down|status [SERVICE...]   SERVICE: opensearch redis worker api
+# Drives the whole local stack on 127.0.0.1: OpenSearch (with k-NN), Redis, an S3-compatible server
+# (S3Proxy, for the S3 blob store), a Celery worker, the API.
+# Usage: stack.sh up|down|status [SERVICE...]   SERVICE: opensearch redis s3 worker api
 set -euo pipefail
 HERE=$(dirname "${BASH_SOURCE[0]}")
 source "$HERE/lib.sh"
 
-ALL=(opensearch redis worker api)
+ALL=(opensearch redis s3 worker api)
 
 service_script() { echo "$HERE/$1.sh"; }
 

@@ -7,7 +7,7 @@ HERE=$(dirname "${BASH_SOURCE[0]}")
 source "$HERE/lib.sh"
 cd "$REPO_ROOT"
 
-SERVICES=(opensearch redis worker api)
+SERVICES=(opensearch redis s3 worker api)
 started=()
 
 # Stops what this run started, whichever instance runs now (tests restart services; stack.sh finds

@@ -13,7 +13,7 @@ from shared.config import Settings
 pytestmark = pytest.mark.e2e
 
 RAGLINE = str(Path(sys.executable).parent / "ragline")
-SERVICES = ("opensearch", "redis", "worker", "api")
+SERVICES = ("opensearch", "redis", "s3", "worker", "api")
 
 
 def _ragline(*args: str) -> subprocess.CompletedProcess[str]:
@@ -24,6 +24,7 @@ def _pids(settings: Settings) -> dict[str, str]:
     files = {
         "opensearch": settings.state_dir / "opensearch" / "opensearch.pid",
         "redis": settings.state_dir / "redis" / "redis.pid",
+        "s3": settings.state_dir / "s3" / "s3proxy.pid",
         "worker": settings.state_dir / "worker.pid",
         "api": settings.state_dir / "api.pid",
     }

@@ -41,7 +41,7 @@ def _tree(tmp: Path) -> Path:
     local.mkdir(parents=True)
     for script in ("test.sh", "lib.sh", "stack.sh"):
         shutil.copy(REPO / "deploy" / "local" / script, local / script)
-    for name in ("opensearch", "redis", "worker", "api"):
+    for name in ("opensearch", "redis", "s3", "worker", "api"):
         (local / f"{name}.sh").write_text(FAKE)
     (tmp / ".venv" / "bin").mkdir(parents=True)
     (tmp / ".venv" / "bin" / "pytest").write_text(PYTEST)
@@ -83,7 +83,7 @@ def test_teardown_stops_what_it_started_and_nothing_else(tmp_path: Path, sig: si
         time.sleep(4)  # a teardown that outlives test.sh (SIGKILL) finishes
         ours = [int(p) for p in (state / "ledger").read_text().split()]
         assert theirs in ours
-        assert len(ours) == 6  # api, then 3 started + redis and opensearch again
+        assert len(ours) == 7  # api, then 4 started + redis and opensearch again
         left = [p for p in ours if _alive(p) and p != theirs]
         assert left == [], out.read_text()
         assert _alive(theirs)
