@@ -269,6 +269,90 @@ class ApiKey(_Section):
         return value
 
 
+# Asymmetric only: with an HMAC algorithm allowed, a token signed with the issuer's PUBLIC key as
+# the shared secret would verify (the algorithm-confusion attack).
+JWT_ALGORITHMS = ("RS256", "RS384", "RS512", "PS256", "PS384", "PS512", "ES256", "ES384", "ES512", "EdDSA")
+
+
+class OAuthSettings(_Section):
+    """OAuth 2.1 access tokens (JWT) from one authorization server, beside the API keys.
+
+    Ragline is the protected resource of the MCP authorization spec: it serves its metadata
+    (RFC 9728) naming the issuer, and accepts the issuer's signed JWTs whose audience is Ragline.
+    """
+
+    issuer: str | None = Field(
+        None, description="The authorization server's issuer (`iss`); unset: only API keys are accepted."
+    )
+    resource: str | None = Field(
+        None,
+        description="This server's MCP URL as clients name it (e.g. https://ragline.example.com/mcp): "
+        "the protected resource of the metadata; required with an issuer.",
+    )
+    audience: list[str] = Field(
+        default_factory=list, description="Accepted `aud` values; default: the resource URL."
+    )
+    jwks_url: str | None = Field(
+        None,
+        description="The issuer's JWKS; default: its `jwks_uri` from the issuer's metadata "
+        "(/.well-known/oauth-authorization-server, then /.well-known/openid-configuration).",
+    )
+    algorithms: list[str] = Field(
+        default_factory=lambda: ["RS256", "PS256", "ES256", "EdDSA"],
+        description=f"Accepted signature algorithms, of {', '.join(JWT_ALGORITHMS)}.",
+    )
+    tenant_claim: str = Field("tenant", min_length=1, description="The claim that names the tenant.")
+    role_claim: str = Field(
+        "role",
+        min_length=1,
+        description="The claim that grants the role: read, write or admin (or `ragline:<role>`), as a "
+        "string, a space-separated scope string or a list; the highest one counts.",
+    )
+    default_role: Literal["read", "write", "admin"] | None = Field(
+        None, description="The role of a token without one in its role claim; unset: such tokens are refused."
+    )
+    scopes_supported: list[str] = Field(
+        default_factory=lambda: ["ragline:read", "ragline:write", "ragline:admin"],
+        description="Scopes the protected-resource metadata lists.",
+    )
+    leeway_s: int = Field(30, ge=0, le=600, description="Clock skew allowed on `exp`, `nbf` and `iat`.")
+    jwks_cache_s: int = Field(
+        300, ge=10, le=86400, description="How long the issuer's keys are kept before they are fetched again."
+    )
+    jwks_refetch_s: int = Field(
+        30,
+        ge=1,
+        le=3600,
+        description="Least time between two early fetches of the keys for a token signed with an unknown key "
+        "id (a rotation); bounds what forged key ids can make the API ask of the issuer.",
+    )
+
+    @field_validator("algorithms")
+    @classmethod
+    def _asymmetric(cls, value: list[str]) -> list[str]:
+        unknown = sorted(set(value) - set(JWT_ALGORITHMS))
+        if unknown or not value:
+            raise ValueError(f"unsupported algorithms {unknown}; choose from {', '.join(JWT_ALGORITHMS)}")
+        return value
+
+    @model_validator(mode="after")
+    def _complete(self) -> OAuthSettings:
+        if self.issuer is not None and self.resource is None:
+            raise ValueError("RAGLINE_AUTH__OAUTH__RESOURCE is required with an issuer")
+        for url in filter(None, (self.issuer, self.resource, self.jwks_url)):
+            if not re.match(r"^https?://[^/\s]+", url):
+                raise ValueError(f"not an http(s) URL: {url}")
+        return self
+
+    @property
+    def enabled(self) -> bool:
+        return self.issuer is not None
+
+    @property
+    def audiences(self) -> list[str]:
+        return self.audience or ([self.resource] if self.resource else [])
+
+
 class AuthSettings(_Section):
     """Who may call the HTTP surfaces. Without keys, anonymous access must be asked for explicitly."""
 
@@ -287,6 +371,7 @@ class AuthSettings(_Section):
         description="Serve without keys, as the configured tenant with the admin role (local use only); "
         "refused when keys are configured, and with neither the API refuses to start.",
     )
+    oauth: OAuthSettings = Field(default_factory=OAuthSettings)
 
 
 class ApiSettings(_Section):
@@ -329,28 +414,12 @@ class ApiSettings(_Section):
     retry_after_s: int = Field(5, ge=1, le=3600, description="Retry-After sent with RATE_LIMITED.")
     allowed_hosts: list[str] = Field(
         default_factory=lambda: ["127.0.0.1", "localhost", "[::1]"],
-        description="Host headers accepted on /v1 and /mcp (DNS-rebinding protection); add your public name.",
+        description="Host headers accepted on /v1 and MCP (DNS-rebinding protection); add your public name.",
     )
     allowed_origins: list[str] = Field(
         default_factory=list,
-        description="Browser origins accepted on /v1 and /mcp besides the allowed hosts.",
+        description="Browser origins accepted on /v1 and MCP besides the allowed hosts.",
     )
-    mcp_sessions_per_tenant: int = Field(
-        100, ge=1, description="Open MCP sessions (streamable HTTP) a tenant may hold; more get 429."
-    )
-    mcp_max_request_bytes: int | None = Field(
-        None,
-        ge=1024,
-        description="Largest MCP message body (413 TOO_LARGE); unset: room for an `ingest` of "
-        "max_file_bytes as base64.",
-    )
-
-    @property
-    def mcp_request_limit(self) -> int:
-        """The MCP body limit: as set, else a base64 copy of the largest file plus 1 MiB of JSON."""
-        if self.mcp_max_request_bytes is not None:
-            return self.mcp_max_request_bytes
-        return 4 * -(-self.max_file_bytes // 3) + (1 << 20)
 
     @property
     def json_upload_limit(self) -> int:
@@ -358,6 +427,46 @@ class ApiSettings(_Section):
         quarter more for its escapes, the largest metadata and 64 KiB for the rest."""
         limit = self.max_file_bytes + self.max_file_bytes // 4 + self.max_metadata_bytes + (64 << 10)
         return min(limit, self.max_request_bytes)
+
+
+class McpSettings(_Section):
+    """MCP over HTTP: the API's mount and the standalone `ragline mcp --transport` server."""
+
+    enabled: bool = Field(True, description="Serve MCP from the API (streamable HTTP and SSE) under `path`.")
+    host: str = Field(
+        "127.0.0.1", description="Bind address of `ragline mcp --transport sse|streamable-http`."
+    )
+    port: int = Field(
+        8001, ge=1, le=65535, description="Bind port of `ragline mcp --transport sse|streamable-http`."
+    )
+    path: str = Field(
+        "/mcp",
+        pattern=r"^/[a-z0-9_-]+(/[a-z0-9_-]+)*$",
+        description="Where MCP is served: streamable HTTP at the path, SSE at <path>/sse.",
+    )
+    stateless: bool = Field(
+        False,
+        description="Streamable HTTP without sessions: any API process answers any call, so replicas "
+        "behind a load balancer need no sticky sessions (no server-initiated messages between calls).",
+    )
+    sessions_per_tenant: int = Field(
+        100,
+        ge=1,
+        description="Open MCP sessions (streamable HTTP, stateful) a tenant may hold; more get 429.",
+    )
+    max_request_bytes: int | None = Field(
+        None,
+        ge=1024,
+        description="Largest MCP message body (413 TOO_LARGE); unset: room for an `ingest` of "
+        "max_file_bytes as base64.",
+    )
+
+    @field_validator("path")
+    @classmethod
+    def _not_rest(cls, value: str) -> str:
+        if value == "/v1" or value.startswith("/v1/") or value.startswith("/.well-known"):
+            raise ValueError("the MCP path may not lie under /v1 or /.well-known")
+        return value
 
 
 class SearchSettings(_Section):
@@ -435,9 +544,17 @@ class Settings(BaseSettings):
     pii: PiiSettings = Field(default_factory=PiiSettings)
     auth: AuthSettings = Field(default_factory=AuthSettings)
     api: ApiSettings = Field(default_factory=ApiSettings)
+    mcp: McpSettings = Field(default_factory=McpSettings)
     search: SearchSettings = Field(default_factory=SearchSettings)
     metrics: MetricsSettings = Field(default_factory=MetricsSettings)
     tracing: TracingSettings = Field(default_factory=TracingSettings)
+
+    @property
+    def mcp_request_limit(self) -> int:
+        """The MCP body limit: as set, else a base64 copy of the largest file plus 1 MiB of JSON."""
+        if self.mcp.max_request_bytes is not None:
+            return self.mcp.max_request_bytes
+        return 4 * -(-self.api.max_file_bytes // 3) + (1 << 20)
 
     @classmethod
     def settings_customise_sources(

@@ -6,6 +6,7 @@ page and this output differ, so the reference cannot drift from `shared/config.p
 
 from __future__ import annotations
 
+import inspect
 import json
 import types
 import typing
@@ -114,8 +115,22 @@ def _default(variable: str, field: FieldInfo) -> str:
     return _shown(field.default, in_bytes=variable.lower().endswith("bytes"))
 
 
-def _section_rows(model: type[BaseModel], prefix: str) -> list[str]:
-    return [_row(f"{prefix}{name.upper()}", field) for name, field in model.model_fields.items()]
+def _nested(field: FieldInfo) -> type[BaseModel] | None:
+    kind = field.annotation
+    return kind if isinstance(kind, type) and issubclass(kind, BaseModel) else None
+
+
+def _section(title: str, model: type[BaseModel], prefix: str, level: str = "##") -> list[str]:
+    """A section's table, then a subsection for each settings group nested in it."""
+    rows, nested = [], []
+    for name, field in model.model_fields.items():
+        inner = _nested(field)
+        if inner is None:
+            rows.append(_row(f"{prefix}{name.upper()}", field))
+        else:
+            inner_prefix = f"{prefix}{name.upper()}{ENV_NESTED_DELIMITER}"
+            nested += _section(f"{title}.{name}", inner, inner_prefix, level + "#")
+    return [f"{level} `{title}`", "", inspect.cleandoc(model.__doc__ or ""), "", *_table(rows), *nested]
 
 
 def _row(variable: str, field: FieldInfo) -> str:
@@ -147,11 +162,9 @@ def render() -> str:
     top: list[str] = []
     sections: list[str] = []
     for name, field in Settings.model_fields.items():
-        kind = field.annotation
-        if isinstance(kind, type) and issubclass(kind, BaseModel):
-            prefix = f"{ENV_PREFIX}{name.upper()}{ENV_NESTED_DELIMITER}"
-            sections += [f"## `{name}`", "", (kind.__doc__ or "").strip(), ""]
-            sections += _table(_section_rows(kind, prefix))
+        kind = _nested(field)
+        if kind is not None:
+            sections += _section(name, kind, f"{ENV_PREFIX}{name.upper()}{ENV_NESTED_DELIMITER}")
         else:
             top.append(_row(f"{ENV_PREFIX}{name.upper()}", field))
     config_row = (

@@ -113,9 +113,9 @@ def create_app(settings: Settings | None = None, state: AppState | None = None) 
     """Build the API; fails at once when auth is not configured (it fails closed)."""
     settings = settings or get_settings()
     state = state or build_state(settings)
-    assert state.keys is not None
+    assert state.auth is not None
     mcp = build_mcp(state)
-    routes = mcp_routes(mcp, state.keys, settings.api)
+    routes = mcp_routes(mcp, state.auth, settings) if settings.mcp.enabled else state.auth.metadata_routes()
 
     @asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
@@ -123,6 +123,9 @@ def create_app(settings: Settings | None = None, state: AppState | None = None) 
             state.prepare_indexes()
         except Exception as error:  # noqa: BLE001  (serve anyway; /readyz tells what is missing)
             log.warning("could not prepare the indexes yet: %s", type(error).__name__)
+        if not settings.mcp.enabled:
+            yield
+            return
         async with mcp.session_manager.run():
             yield
 
@@ -144,7 +147,7 @@ def create_app(settings: Settings | None = None, state: AppState | None = None) 
     # the Host/Origin check, the key (before any body is read), the body's limit.
     app.add_middleware(BodyLimit, limits=body_limits(settings.api))
     app.add_middleware(KbPathCheck)  # the KB id as sent, before routing decodes it
-    app.add_middleware(AuthGate, keys=state.keys)
+    app.add_middleware(AuthGate, auth=state.auth)
     security = mcp.settings.transport_security  # the /mcp check's lists (services/mcp/server.py)
     assert security is not None
     app.add_middleware(HostCheck, security=security)

@@ -2,7 +2,8 @@
 
 FastAPI reads and parses a route's JSON body before it runs the route's dependencies, so a caller
 without a key could make the API hold any body up to the request limit only to be refused. This
-gate resolves the caller of every /v1 request from its headers alone and refuses AUTH_ERROR at
+gate resolves the caller of every /v1 request from its headers alone (an API key or an OAuth
+access token, services/core/identity.py) and refuses AUTH_ERROR at
 once; the route dependencies (services/api/deps.py) take the principal it resolved, and check roles.
 """
 
@@ -11,8 +12,8 @@ from __future__ import annotations
 from starlette.datastructures import Headers
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from services.core.auth import KeyRing, Principal, key_from_headers
-from services.core.envelope import envelope
+from services.core.auth import Principal
+from services.core.identity import Authenticator
 from shared.errors import RaglineError
 
 PREFIX = "/v1/"
@@ -32,9 +33,9 @@ def resolved(scope: Scope) -> Principal | None:
 
 
 class AuthGate:
-    def __init__(self, app: ASGIApp, keys: KeyRing) -> None:
+    def __init__(self, app: ASGIApp, auth: Authenticator) -> None:
         self.app = app
-        self.keys = keys
+        self.auth = auth
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http" or not is_rest(scope):
@@ -42,11 +43,9 @@ class AuthGate:
             return
         headers = Headers(scope=scope)
         try:
-            principal = self.keys.principal(
-                key_from_headers(headers.get("authorization"), headers.get("x-api-key"))
-            )
+            principal = await self.auth.principal(headers)
         except RaglineError as error:
-            await envelope(error.code, error.message, error.details)(scope, receive, send)
+            await self.auth.refusal(error, headers)(scope, receive, send)
             return
         scope.setdefault("state", {})[_STATE_KEY] = principal
         await self.app(scope, receive, send)

@@ -11,8 +11,9 @@ from typing import Annotated
 from fastapi import Depends, Header, Request
 
 from services.api.auth_gate import resolved
-from services.core.auth import KeyRing, Principal, Role, key_from_headers, require
+from services.core.auth import Principal, Role, require
 from services.core.container import AppState
+from services.core.identity import Authenticator
 from shared import logs
 
 
@@ -23,16 +24,18 @@ async def app_state(request: Request) -> AppState:
 
 async def caller(
     request: Request,
-    authorization: Annotated[str | None, Header(description="`Bearer <API key>`")] = None,
+    authorization: Annotated[
+        str | None, Header(description="`Bearer <API key or OAuth access token>`")
+    ] = None,
     x_api_key: Annotated[str | None, Header(description="The API key (alternative to Authorization)")] = None,
 ) -> Principal:
     """The principal services/api/auth_gate.py resolved before the body was read; a route outside
-    the gate's paths resolves its caller here, by the same key ring."""
+    the gate's paths resolves its caller here, by the same authenticator."""
     principal = resolved(request.scope)
     if principal is None:
-        keys: KeyRing | None = request.app.state.ragline.keys
-        assert keys is not None, "the HTTP app is always built with a key ring"
-        principal = keys.principal(key_from_headers(authorization, x_api_key))
+        auth: Authenticator | None = request.app.state.ragline.auth
+        assert auth is not None, "the HTTP app is always built with an authenticator"
+        principal = await auth.principal(request.headers)
     params = request.path_params
     logs.add(tenant=principal.tenant, kb=params.get("kb_id"), doc_id=params.get("doc_id"))
     return principal

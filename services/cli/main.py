@@ -8,6 +8,7 @@ import os
 import shutil
 import subprocess
 import sys
+from enum import StrEnum
 from typing import Annotated
 
 import typer
@@ -158,6 +159,12 @@ def serve(
     )
 
 
+class McpTransport(StrEnum):
+    STDIO = "stdio"
+    SSE = "sse"
+    STREAMABLE_HTTP = "streamable-http"
+
+
 @app.command()
 def mcp(
     server: Annotated[
@@ -167,18 +174,42 @@ def mcp(
             help="Serve a remote Ragline's tools instead (its URL; the key from RAGLINE_API_KEY).",
         ),
     ] = None,
+    transport: Annotated[
+        McpTransport,
+        typer.Option(help="stdio for a desktop client; sse or streamable-http to serve over HTTP."),
+    ] = McpTransport.STDIO,
+    host: Annotated[str | None, typer.Option(help="HTTP bind address (default: RAGLINE_MCP__HOST).")] = None,
+    port: Annotated[
+        int | None, typer.Option(min=1, max=65535, help="HTTP port (default: RAGLINE_MCP__PORT).")
+    ] = None,
 ) -> None:
-    """Run the MCP server over stdio, as the configured tenant (RAGLINE_TENANT), or with --server
-    a stdio proxy to a remote Ragline, which needs only the client install."""
+    """Run the MCP server: over stdio as the configured tenant (RAGLINE_TENANT); over HTTP
+    (--transport sse|streamable-http) with the API's keys; or with --server a stdio proxy to a
+    remote Ragline, which needs only the client install."""
     if server is not None:
+        if transport != McpTransport.STDIO:
+            typer.echo("INVALID_ARGUMENT: --server proxies over stdio only", err=True)
+            raise typer.Exit(2)
         from client.mcp_proxy import serve_proxy
 
         serve_proxy(server, os.environ.get("RAGLINE_API_KEY") or None)
         return
     _needs_server("mcp")
-    from services.mcp.stdio import serve_stdio
+    settings = _settings()
+    if transport == McpTransport.STDIO:
+        from services.mcp.stdio import serve_stdio
 
-    serve_stdio(_settings())
+        serve_stdio(settings)
+        return
+    from services.mcp.http import Transport
+    from services.mcp.standalone import serve_http
+
+    try:
+        served: Transport = "sse" if transport == McpTransport.SSE else "streamable-http"
+        serve_http(settings, served, host or settings.mcp.host, port or settings.mcp.port)
+    except ConfigError as error:
+        typer.echo(str(error), err=True)
+        raise typer.Exit(2) from None
 
 
 @app.command("config")

@@ -61,14 +61,16 @@ class KeyRing:
     """Looks up the principal of a presented key (constant-time comparison of digests)."""
 
     def __init__(self, settings: AuthSettings, anonymous_tenant: str) -> None:
-        if settings.allow_anonymous and (settings.api_keys or settings.keys_file):
+        credentials = settings.api_keys or settings.keys_file or settings.oauth.enabled
+        if settings.allow_anonymous and credentials:
             raise ConfigError(
-                "RAGLINE_AUTH__ALLOW_ANONYMOUS: cannot be true while API keys are configured; choose one"
+                "RAGLINE_AUTH__ALLOW_ANONYMOUS: cannot be true while API keys or an OAuth issuer are "
+                "configured; choose one"
             )
-        if not settings.allow_anonymous and not settings.api_keys and not settings.keys_file:
+        if not settings.allow_anonymous and not credentials:
             raise ConfigError(
-                "RAGLINE_AUTH__API_KEYS / RAGLINE_AUTH__KEYS_FILE: no API key is configured; add one, "
-                "or set RAGLINE_AUTH__ALLOW_ANONYMOUS=true for local use"
+                "RAGLINE_AUTH__API_KEYS / RAGLINE_AUTH__KEYS_FILE / RAGLINE_AUTH__OAUTH__ISSUER: no "
+                "credential is configured; add one, or set RAGLINE_AUTH__ALLOW_ANONYMOUS=true for local use"
             )
         self.anonymous = (
             Principal(anonymous_tenant, Role.ADMIN, "anonymous") if settings.allow_anonymous else None

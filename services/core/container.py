@@ -1,11 +1,12 @@
 """The fronts' per-process container: the services every process has (shared/wiring.py) and the
-key ring that authenticates HTTP callers, built once when a front starts."""
+authenticator of HTTP callers, built once when a front starts."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
 from services.core.auth import KeyRing
+from services.core.identity import Authenticator
 from shared.config import Settings
 from shared.search.requests import SearchRequest, SearchResponse
 from shared.wiring import Services, build_services
@@ -13,7 +14,7 @@ from shared.wiring import Services, build_services
 
 @dataclass(frozen=True)
 class AppState(Services):
-    keys: KeyRing | None  # None for stdio MCP, whose identity comes from configuration
+    auth: Authenticator | None  # None for stdio MCP, whose identity comes from configuration
 
     def search(self, tenant_id: str, request: SearchRequest) -> SearchResponse:
         """A search of the caller's KBs, as both fronts run it (in one worker thread: each hop
@@ -25,6 +26,6 @@ class AppState(Services):
 def build_state(settings: Settings, *, http: bool = True) -> AppState:
     """Check the configuration (HTTP auth fails closed), then wire the services; OpenSearch may
     come up later."""
-    keys = KeyRing(settings.auth, settings.tenant) if http else None
+    auth = Authenticator(KeyRing(settings.auth, settings.tenant), settings.auth.oauth) if http else None
     services = build_services(settings)
-    return AppState(**{name: getattr(services, name) for name in services.__dataclass_fields__}, keys=keys)
+    return AppState(**{name: getattr(services, name) for name in services.__dataclass_fields__}, auth=auth)

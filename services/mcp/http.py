@@ -1,8 +1,10 @@
-"""Streamable HTTP for the MCP server inside the API: same port, same API keys, fail closed."""
+"""MCP over HTTP: streamable HTTP at the configured path and SSE beside it, authenticated as the
+REST API is (API keys or OAuth access tokens), fail closed. The API mounts these routes; `ragline
+mcp --transport` serves them alone (services/mcp/standalone.py)."""
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Literal
 
 from mcp.server.fastmcp import FastMCP
 from mcp.server.sse import SseServerTransport
@@ -12,48 +14,55 @@ from starlette.requests import Request
 from starlette.routing import BaseRoute, Match, Mount, Route
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from services.core.auth import KeyRing, key_from_headers
-from services.core.envelope import envelope
+from services.core.identity import Authenticator
 from services.mcp.sdk_patches import limit_sse_posts, low_level_server
 from services.mcp.sessions import EnvelopeBodyLimit, install_sessions, owner
-from shared.config import ApiSettings
+from shared.config import Settings
 from shared.errors import RaglineError
 
 
 class KeyGate:
-    """Authenticates every MCP HTTP request with the REST API keys before MCP sees it."""
+    """Authenticates every MCP HTTP request as the REST API does before MCP sees it."""
 
-    def __init__(self, app: ASGIApp, keys: KeyRing) -> None:
+    def __init__(self, app: ASGIApp, auth: Authenticator) -> None:
         self.app = app
-        self.keys = keys
+        self.auth = auth
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         headers = Headers(scope=scope)
         try:
-            principal = self.keys.principal(
-                key_from_headers(headers.get("authorization"), headers.get("x-api-key"))
-            )
+            principal = await self.auth.principal(headers)
         except RaglineError as error:
-            await envelope(error.code, error.message)(scope, receive, send)
+            await self.auth.refusal(error, headers)(scope, receive, send)
             return
         scope.setdefault("state", {})["principal"] = principal
         scope["user"] = owner(principal)  # what the SDK binds a session to (services/mcp/sessions.py)
         await self.app(scope, receive, send)
 
 
-def mcp_routes(mcp: FastMCP[Any], keys: KeyRing, api: ApiSettings) -> list[Route | Mount]:
-    """Streamable HTTP at /mcp, and SSE (older clients) at /mcp/sse with posts to /mcp/messages/.
+Transport = Literal["streamable-http", "sse"]
+
+
+def mcp_routes(
+    mcp: FastMCP[Any],
+    auth: Authenticator,
+    settings: Settings,
+    transports: tuple[Transport, ...] = ("streamable-http", "sse"),
+) -> list[Route | Mount]:
+    """Streamable HTTP at the MCP path (/mcp), and SSE (older clients) at <path>/sse with posts to
+    <path>/messages/; the protected-resource metadata when OAuth is on.
 
     The caller must run `mcp.session_manager.run()` in its lifespan.
     """
-    sessions = install_sessions(mcp, api)
+    path = settings.mcp.path
+    sessions = install_sessions(mcp, settings)
     sse = SseServerTransport(
-        "/mcp/messages/",
+        f"{path}/messages/",
         security_settings=mcp.settings.transport_security,
-        max_request_body_size=api.mcp_request_limit,
+        max_request_body_size=settings.mcp_request_limit,
     )
     # The SDK answers an oversized post to a session as plain text; ours say TOO_LARGE as JSON.
-    limit_sse_posts(sse, EnvelopeBodyLimit, api.mcp_request_limit)
+    limit_sse_posts(sse, EnvelopeBodyLimit, settings.mcp_request_limit)
     server = low_level_server(mcp)  # the SDK's own sse_app() runs the low-level server the same way
 
     security = TransportSecurityMiddleware(mcp.settings.transport_security)
@@ -68,11 +77,13 @@ def mcp_routes(mcp: FastMCP[Any], keys: KeyRing, api: ApiSettings) -> list[Route
         async with sse.connect_sse(scope, receive, send) as (read, write):
             await server.run(read, write, server.create_initialization_options())
 
-    return [
-        _Labelled("/mcp", endpoint=KeyGate(sessions.handle_request, keys)),
-        _Labelled("/mcp/sse", endpoint=KeyGate(handle_sse, keys)),
-        _LabelledMount("/mcp/messages/", app=KeyGate(sse.handle_post_message, keys)),
-    ]
+    routes: list[Route | Mount] = [*auth.metadata_routes()]
+    if "streamable-http" in transports:
+        routes.append(_Labelled(path, endpoint=KeyGate(sessions.handle_request, auth)))
+    if "sse" in transports:
+        routes.append(_Labelled(f"{path}/sse", endpoint=KeyGate(handle_sse, auth)))
+        routes.append(_LabelledMount(f"{path}/messages/", app=KeyGate(sse.handle_post_message, auth)))
+    return routes
 
 
 def _named(route: BaseRoute, found: tuple[Match, Scope]) -> tuple[Match, Scope]:

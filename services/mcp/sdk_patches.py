@@ -21,6 +21,7 @@ internals below change shape, so an upgrade re-checks each patch instead of brea
    session-creation lock) so a subclass can refuse a session. `session_owners` reads
    `_session_owners`; the manager's `asgi_app` is rebuilt around `_handle_request` with the
    caller's body limit.
+   `_handle_stateless_request` is the SDK's own too, with the same swap, for stateless mode.
 4. `install_session_manager` builds that manager from FastMCP's `_mcp_server`, `_event_store`
    and `_retry_interval`, as `FastMCP.streamable_http_app` would, and sets `_session_manager`.
 5. `limit_sse_posts` swaps `SseServerTransport._post_message_app` (the body limit in front of
@@ -30,11 +31,14 @@ internals below change shape, so an upgrade re-checks each patch instead of brea
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable
 from contextvars import ContextVar
 from typing import Any, TypeVar
 from uuid import uuid4
 
+import anyio
+from anyio.abc import TaskStatus
 from mcp.server.auth.middleware.bearer_auth import AuthorizationContext
 from mcp.server.fastmcp import FastMCP
 from mcp.server.fastmcp.exceptions import ToolError
@@ -52,6 +56,7 @@ from services.mcp.answer_mode import wants_stream
 from services.mcp.output_schema import client_schema
 from services.mcp.results import error_result, model_result
 
+logger = logging.getLogger(__name__)
 LifespanT = TypeVar("LifespanT")
 SessionsT = TypeVar("SessionsT", bound=StreamableHTTPSessionManager)
 BodyLimit = Callable[[ASGIApp, int], RequestBodyLimitMiddleware]
@@ -143,14 +148,37 @@ class PerRequestSessions(StreamableHTTPSessionManager):
         self._server_instances[session_id] = transport
         return transport
 
+    async def _handle_stateless_request(self, scope: Scope, receive: Receive, send: Send) -> None:
+        # The SDK's own body, with the transport class swapped.
+        transport = PerRequestTransport(
+            mcp_session_id=None, event_store=None, security_settings=self.security_settings
+        )
+
+        async def run_stateless_server(*, task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
+            async with transport.connect() as (read_stream, write_stream):
+                task_status.started()
+                try:
+                    await self.app.run(
+                        read_stream, write_stream, self.app.create_initialization_options(), stateless=True
+                    )
+                except Exception:
+                    logger.exception("stateless MCP request crashed")
+
+        assert self._task_group is not None
+        try:
+            await self._task_group.start(run_stateless_server)
+            await transport.handle_request(scope, receive, send)
+        finally:
+            with anyio.CancelScope(shield=True):
+                await transport.terminate()
+
 
 def install_session_manager(mcp: FastMCP[Any], make: Callable[..., SessionsT]) -> SessionsT:
     """Give `mcp` the session manager `make` builds, from what FastMCP builds its own (patch 4)."""
     settings = mcp.settings
-    if settings.stateless_http:
-        raise ValueError("the per-request answer mode is built for stateful sessions")
     sessions = make(
         app=mcp._mcp_server,
+        stateless=settings.stateless_http,
         event_store=mcp._event_store,
         retry_interval=mcp._retry_interval,
         security_settings=settings.transport_security,

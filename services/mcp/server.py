@@ -47,7 +47,8 @@ def build_mcp(state: AppState, *, stdio_principal: Principal | None = None) -> R
     mcp = RaglineMCP[McpServices](
         name="ragline",
         instructions=INSTRUCTIONS,
-        streamable_http_path="/mcp",
+        streamable_http_path=settings.mcp.path,
+        stateless_http=settings.mcp.stateless,
         lifespan=lifespan,
         transport_security=TransportSecuritySettings(
             enable_dns_rebinding_protection=True, allowed_hosts=hosts, allowed_origins=origins

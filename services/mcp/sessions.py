@@ -4,7 +4,7 @@ The SDK binds a session to `scope["user"]` when that is an `AuthenticatedUser`: 
 session from another identity is answered 404, exactly as an unknown session, so an id is never
 confirmed. `KeyGate` puts the principal there as such a user (tenant and key, see `owner`).
 
-A tenant that holds `mcp_sessions_per_tenant` open sessions gets RATE_LIMITED (429) for another
+A tenant that holds `RAGLINE_MCP__SESSIONS_PER_TENANT` open sessions gets RATE_LIMITED (429) for another
 one, and other tenants are unaffected. Refused rather than evicting that tenant's oldest idle
 session: an agent's session sits idle between its tool calls most of its life, so evicting
 "idle" ones would end live conversations of the same tenant without a word, while a refusal is
@@ -30,7 +30,7 @@ from starlette.types import Message, Receive, Scope, Send
 from services.core.auth import Principal
 from services.core.envelope import envelope
 from services.mcp.sdk_patches import PerRequestSessions, install_session_manager
-from shared.config import ApiSettings
+from shared.config import Settings
 from shared.errors import ErrorCode
 
 
@@ -157,14 +157,14 @@ class TenantSessions(PerRequestSessions):
             await response(scope, receive, send)
 
 
-def install_sessions(mcp: FastMCP[Any], api: ApiSettings) -> TenantSessions:
-    """Give `mcp` a `TenantSessions` with the API's limits, built as FastMCP builds its own."""
+def install_sessions(mcp: FastMCP[Any], settings: Settings) -> TenantSessions:
+    """Give `mcp` a `TenantSessions` with the configured limits, built as FastMCP builds its own."""
 
     def make(**sdk: Any) -> TenantSessions:
         return TenantSessions(
-            max_request_body_size=api.mcp_request_limit,
-            per_tenant=api.mcp_sessions_per_tenant,
-            retry_after_s=api.retry_after_s,
+            max_request_body_size=settings.mcp_request_limit,
+            per_tenant=settings.mcp.sessions_per_tenant,
+            retry_after_s=settings.api.retry_after_s,
             **sdk,
         )
 

@@ -112,14 +112,17 @@ def wait_until(condition: Any, attempts: int = 60) -> None:
 RAGLINE = str(Path(sys.executable).parent / "ragline")
 
 
-def _free_port() -> int:
+def free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         return int(sock.getsockname()[1])
 
 
-def start_server(tmp: Path, env_overrides: dict[str, str]) -> tuple[Server, subprocess.Popen[bytes]]:
-    """`ragline serve` on a free port with test keys: two tenants, a read-only key, dead keys."""
+def start_server(
+    tmp: Path, env_overrides: dict[str, str], port: int | None = None, command: tuple[str, ...] = ("serve",)
+) -> tuple[Server, subprocess.Popen[bytes]]:
+    """`ragline serve` (or another serving command, such as `mcp --transport sse`) on a free port
+    with test keys: two tenants, a read-only key, dead keys."""
     run = secrets.token_hex(4)
     past = (datetime.now(UTC) - timedelta(hours=1)).isoformat()
     tenants: dict[str, tuple[str, str, dict[str, Any]]] = {
@@ -139,7 +142,7 @@ def start_server(tmp: Path, env_overrides: dict[str, str]) -> tuple[Server, subp
             ]
         )
     )
-    port = _free_port()
+    port = port or free_port()
     env = {
         **os.environ,
         "RAGLINE_AUTH__KEYS_FILE": str(keys_file),
@@ -150,7 +153,7 @@ def start_server(tmp: Path, env_overrides: dict[str, str]) -> tuple[Server, subp
     log = tmp / "api.log"
     with log.open("w") as out:
         process = subprocess.Popen(
-            [RAGLINE, "serve", "--port", str(port)], env=env, stdout=out, stderr=subprocess.STDOUT
+            [RAGLINE, *command, "--port", str(port)], env=env, stdout=out, stderr=subprocess.STDOUT
         )
     url = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + 90

@@ -28,7 +28,7 @@ def capped(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
     handle, process = start_server(
         tmp_path_factory.mktemp("capped"),
         {
-            "RAGLINE_API__MCP_SESSIONS_PER_TENANT": str(SESSIONS_PER_TENANT),
+            "RAGLINE_MCP__SESSIONS_PER_TENANT": str(SESSIONS_PER_TENANT),
             "RAGLINE_API__MAX_FILE_BYTES": str(MAX_FILE),
         },
     )

@@ -27,7 +27,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from shared.config import Settings
 from shared.models import PIPELINE
 from shared.search.client import build_client
-from tests.e2e.helpers import RAGLINE, Server, _free_port, start_server, stop_server, wait_ready
+from tests.e2e.helpers import RAGLINE, Server, free_port, start_server, stop_server, wait_ready
 
 pytestmark = pytest.mark.e2e
 
@@ -59,7 +59,7 @@ def _isolated_env(settings: Settings, state: Path, prefix: str) -> dict[str, str
 
 
 def _start_worker(tmp: Path, env: dict[str, str]) -> tuple[str, subprocess.Popen[bytes], Path]:
-    port = _free_port()
+    port = free_port()
     log = tmp / "worker.log"
     with log.open("w") as out:
         process = subprocess.Popen(

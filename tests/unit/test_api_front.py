@@ -22,6 +22,7 @@ from services.api.auth_gate import AuthGate, resolved
 from services.api.host_check import HostCheck, allowed
 from services.api.single_flight import SingleFlight
 from services.core.auth import KeyRing
+from services.core.identity import Authenticator
 from shared.config import ApiKey, ApiSettings, AuthSettings
 
 pytestmark = pytest.mark.anyio
@@ -64,11 +65,12 @@ async def _chunks(total: int, size: int = 64 << 10) -> AsyncIterator[bytes]:
 
 async def test_the_key_is_checked_before_the_body_is_read() -> None:
     inner = Recorder()
-    ring = KeyRing(AuthSettings(api_keys=[ApiKey(key=KEY, tenant="acme", role="read")]), "default")
-    async with _client(AuthGate(inner, ring)) as client:
+    auth = AuthSettings(api_keys=[ApiKey(key=KEY, tenant="acme", role="read")])
+    async with _client(AuthGate(inner, Authenticator(KeyRing(auth, "default"), auth.oauth))) as client:
         refused = await client.post("/v1/search", content=_chunks(8 << 20))
         assert refused.status_code == 401
         assert refused.json()["code"] == "AUTH_ERROR"
+        assert refused.headers["www-authenticate"] == 'Bearer realm="ragline"'
         assert inner.calls == 0
         taken = await client.post("/v1/search", content=b"{}", headers={"X-Api-Key": KEY})
         assert (taken.status_code, taken.text) == (200, "acme")
@@ -78,8 +80,8 @@ async def test_the_key_is_checked_before_the_body_is_read() -> None:
 
 async def test_the_anonymous_principal_is_resolved_by_the_gate() -> None:
     inner = Recorder()
-    ring = KeyRing(AuthSettings(allow_anonymous=True), "local")
-    async with _client(AuthGate(inner, ring)) as client:
+    auth = AuthSettings(allow_anonymous=True)
+    async with _client(AuthGate(inner, Authenticator(KeyRing(auth, "local"), auth.oauth))) as client:
         assert (await client.get("/v1/kbs")).text == "local"
 
 

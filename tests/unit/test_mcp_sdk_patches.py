@@ -30,6 +30,9 @@ SOURCE_SHA256 = {
     "StreamableHTTPSessionManager._admit_session": (
         "326a80bc8ba22650c1c4c3eb08ec3a306edc28346a0490e71ffc7838e550a0ee"
     ),
+    "StreamableHTTPSessionManager._handle_stateless_request": (
+        "8fcfd8af6de2aa24b90fa3121b9fac541a124333afe46d08b124d3115228a2dd"
+    ),
     "FastMCP.call_tool": "4c4cebbae840c98423b6589b4870742d88855426364dfc489ca4112aaf1d9818",
 }
 
@@ -58,6 +61,9 @@ def test_the_installed_sdk_is_the_pinned_version() -> None:
 def test_the_copied_and_replaced_sdk_methods_are_unchanged() -> None:
     actual = {
         "StreamableHTTPSessionManager._admit_session": _digest(StreamableHTTPSessionManager._admit_session),
+        "StreamableHTTPSessionManager._handle_stateless_request": _digest(
+            StreamableHTTPSessionManager._handle_stateless_request
+        ),
         "FastMCP.call_tool": _digest(FastMCP.call_tool),
     }
     assert actual == SOURCE_SHA256
@@ -87,6 +93,16 @@ def test_the_session_manager_has_the_parts_the_per_request_sessions_use() -> Non
     assert {"session_idle_timeout", "max_request_body_size"} <= set(vars(manager))
     assert callable(manager._handle_request)
     assert _parameters(StreamableHTTPSessionManager._admit_session) == ["self", "requestor"]
+    assert _parameters(StreamableHTTPSessionManager._handle_stateless_request) == [
+        "self",
+        "scope",
+        "receive",
+        "send",
+    ]
+    assert "await self._handle_stateless_request(scope, receive, send)" in inspect.getsource(
+        StreamableHTTPSessionManager._handle_request
+    )
+    assert {"stateless", "_task_group", "app"} <= set(vars(manager))
     assert "self._admit_session(requestor)" in inspect.getsource(StreamableHTTPSessionManager)
     assert {
         "event_store",
