@@ -1,19 +1,27 @@
 """MCP `search` latency over streamable HTTP: `concurrency` agents, each in its own session; and
-MCP against REST query by query, through the SDK's client and through a bare one."""
+MCP against REST query by query, through the SDK's client, through a bare one, and through the
+client install's stdio proxy (`ragline mcp --server`) in front of the same server."""
 
 from __future__ import annotations
 
 import asyncio
 import json
+import os
 import statistics
+import sys
 import time
 from collections.abc import Awaitable, Callable
+from contextlib import AsyncExitStack
+from pathlib import Path
 from typing import Any
 
 import httpx
 import jsonschema
-from mcp import ClientSession
+from mcp import ClientSession, StdioServerParameters
+from mcp.client.stdio import stdio_client
 from mcp.client.streamable_http import streamablehttp_client
+
+RAGLINE = str(Path(sys.executable).parent / "ragline")
 
 
 async def _agent(server: str, api_key: str, kb: str, todo: asyncio.Queue[str], out: list[float]) -> None:
@@ -115,20 +123,33 @@ class BareSession:
         (await self.http.post(self.url, json=done, headers=self.headers)).raise_for_status()
 
 
+async def _sdk_session(stack: AsyncExitStack, streams: Any) -> ClientSession:
+    read, write = (await stack.enter_async_context(streams))[:2]
+    session = await stack.enter_async_context(ClientSession(read, write))
+    await session.initialize()
+    return session
+
+
 def paired_ms(server: str, api_key: str, kb: str, queries: list[str]) -> dict[str, list[float]]:
-    """Milliseconds of each query through REST, MCP with the SDK client and MCP with a bare client,
-    one after the other (the order turning with each query), at concurrency 1: the three paths
-    meet the same moments of a shared machine, so their differences are not its drift."""
+    """Milliseconds of each query through REST, MCP with the SDK client, MCP with a bare client and
+    MCP through the stdio proxy (SDK client to `ragline mcp --server`, which calls the server over
+    its own session), one after the other (the order turning with each query), at concurrency 1:
+    the paths meet the same moments of a shared machine, so their differences are not its drift."""
 
     async def run() -> dict[str, list[float]]:
         headers = {"Authorization": f"Bearer {api_key}"}
-        out: dict[str, list[float]] = {"rest": [], "mcp": [], "mcp_bare": []}
-        async with (
-            httpx.AsyncClient(base_url=server, headers=headers, timeout=60) as http,
-            streamablehttp_client(f"{server}/mcp", headers=headers) as (read, write, _),
-            ClientSession(read, write) as session,
-        ):
-            await session.initialize()
+        out: dict[str, list[float]] = {"rest": [], "mcp": [], "mcp_bare": [], "mcp_proxy": []}
+        proxy = StdioServerParameters(
+            command=RAGLINE,
+            args=["mcp", "--server", server],
+            env={**os.environ, "RAGLINE_API_KEY": api_key},
+        )
+        async with AsyncExitStack() as stack:
+            http = await stack.enter_async_context(
+                httpx.AsyncClient(base_url=server, headers=headers, timeout=60)
+            )
+            session = await _sdk_session(stack, streamablehttp_client(f"{server}/mcp", headers=headers))
+            proxied = await _sdk_session(stack, stdio_client(proxy))
             bare = BareSession(http, f"{server}/mcp")
             await bare.initialize()
 
@@ -139,6 +160,11 @@ def paired_ms(server: str, api_key: str, kb: str, queries: list[str]) -> dict[st
                 result = await session.call_tool("search", {"query": query, "kb_ids": [kb]})
                 if result.isError:
                     raise RuntimeError(f"MCP search failed: {result.content}")
+
+            async def mcp_proxy(query: str) -> None:
+                result = await proxied.call_tool("search", {"query": query, "kb_ids": [kb]})
+                if result.isError:
+                    raise RuntimeError(f"MCP search through the proxy failed: {result.content}")
 
             async def mcp_bare(query: str) -> None:
                 answer = await bare.post(
@@ -151,9 +177,10 @@ def paired_ms(server: str, api_key: str, kb: str, queries: list[str]) -> dict[st
                 ("rest", rest),
                 ("mcp", mcp),
                 ("mcp_bare", mcp_bare),
+                ("mcp_proxy", mcp_proxy),
             ]
             for i, query in enumerate(queries):
-                turn = paths[i % 3 :] + paths[: i % 3]
+                turn = paths[i % len(paths) :] + paths[: i % len(paths)]
                 # Trailing spaces make each path's query its own: no path answers from a warm cache.
                 for spaces, (name, call) in enumerate(turn, start=1):
                     started = time.perf_counter()

@@ -251,6 +251,10 @@ def write_report(r: dict[str, Any], path: Path, plots: Path) -> None:
             )
     lines += [
         "",
+        "The client install's stdio proxy (`ragline mcp --server`) adds "
+        f"{latency['mcp_proxy_minus_mcp_p50_ms']} ms at p50 over MCP straight over HTTP (the SDK client "
+        "on both paths, paired queries at concurrency 1: its second JSON-RPC hop and stdio).",
+        "",
         f"![latency]({stamp}-latency.png)",
         "",
         "## Retrieval quality (manbench)",

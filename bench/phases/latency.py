@@ -14,7 +14,8 @@ from shared.search.requests import SearchRequest
 
 # Which part of the latency phase each query goes to, in turn: concurrency 8 (the target's) gets
 # four of every eight, so its p95 rests on 300 queries a path, not a handful of slow ones; the
-# paired MCP-REST comparison gets two, 150 pairs: its target's margin is about a millisecond.
+# paired comparison (REST, MCP, bare MCP, the stdio proxy) gets two, 150 queries a path: its
+# target's margin is about a millisecond.
 LATENCY_PARTS = ("c1", "c8", "c8", "c8", "c8", "c32", "paired", "paired")
 LATENCY_QUERIES, LATENCY_QUERIES_QUICK = 600, 40
 LATENCY_ROUNDS = 5  # the paths take turns in up to this many rounds per concurrency
@@ -92,6 +93,8 @@ def latency_figures(bench: Bench, kb: str, queries: list[str], server: str, api_
     for name in ("mcp", "mcp_bare"):
         differences = [m - r for m, r in zip(paired[name], paired["rest"], strict=True)]
         figures[f"{name}_minus_rest_p50_ms"] = round(statistics.median(differences), 2)
+    added = [p - m for p, m in zip(paired["mcp_proxy"], paired["mcp"], strict=True)]
+    figures["mcp_proxy_minus_mcp_p50_ms"] = round(statistics.median(added), 2)
     figures["mcp_client_schema_check_p50_ms"] = round(
         client_validation_ms(server, api_key, kb, queries[0]), 2
     )
