@@ -30,6 +30,7 @@ from pydantic_settings import (
     YamlConfigSettingsSource,
 )
 
+from shared.fetch.policy import parse_allow_entry
 from shared.models import Stage
 
 ENV_PREFIX = "RAGLINE_"
@@ -238,6 +239,51 @@ class ParseSettings(_Section):
     )
     max_archive_members: int = Field(10_000, ge=10, description="Most members a ZIP-based document may hold.")
     ocr: bool = Field(True, description="OCR PDF pages without a text layer when tesseract is installed.")
+
+
+class FetchSettings(_Section):
+    """Fetching documents by URL (ingest by URL): what the workers may reach, and their limits.
+
+    Addresses that are not public (loopback, private, link-local, CGNAT, multicast, reserved) are
+    refused unless `allow` names them; cloud metadata addresses always (docs/operations.md#fetching-by-url).
+    """
+
+    allow: list[str] = Field(
+        default_factory=list,
+        description="Hosts and networks the workers may fetch from although they are not public: host "
+        'names (exact, or "*.suffix"), addresses or CIDRs, as a JSON list, e.g. '
+        '["wiki.internal", "10.20.0.0/16"]; cloud metadata addresses stay refused.',
+    )
+    max_bytes: int = Field(
+        100 << 20,
+        ge=1,
+        description="Largest document fetched (TOO_LARGE), counted as it streams; at most "
+        "api.max_file_bytes.",
+    )
+    timeout_s: float = Field(
+        60.0,
+        gt=0,
+        le=3600,
+        description="Wall-clock limit of one fetch, redirects and body included (TIMEOUT).",
+    )
+    connect_timeout_s: float = Field(10.0, gt=0, le=600, description="Limit of each connection attempt.")
+    read_timeout_s: float = Field(
+        30.0, gt=0, le=600, description="Longest silence of the server while it answers (TIMEOUT)."
+    )
+    max_redirects: int = Field(5, ge=0, le=20, description="Redirects followed, each checked like the URL.")
+    user_agent: str = Field(
+        "Ragline/0.1 (document fetcher)",
+        min_length=1,
+        max_length=200,
+        description="The User-Agent of every fetch.",
+    )
+
+    @field_validator("allow")
+    @classmethod
+    def _hosts_or_networks(cls, value: list[str]) -> list[str]:
+        for entry in value:
+            parse_allow_entry(entry)
+        return value
 
 
 class PiiSettings(_Section):
@@ -541,6 +587,7 @@ class Settings(BaseSettings):
     celery: CelerySettings = Field(default_factory=CelerySettings)
     embedding: EmbeddingSettings = Field(default_factory=EmbeddingSettings)
     parse: ParseSettings = Field(default_factory=ParseSettings)
+    fetch: FetchSettings = Field(default_factory=FetchSettings)
     pii: PiiSettings = Field(default_factory=PiiSettings)
     auth: AuthSettings = Field(default_factory=AuthSettings)
     api: ApiSettings = Field(default_factory=ApiSettings)

@@ -137,6 +137,28 @@ def _markup_kind(stripped: str, whole: bool) -> FileKind | None:
     return None
 
 
+# Declared types that say what a name's extension would, between text kinds (the bytes alone cannot).
+_DECLARED_TEXT_KINDS = {
+    "text/markdown": _MD_EXTENSIONS,
+    "text/x-markdown": _MD_EXTENSIONS,
+    "text/csv": _CSV_EXTENSIONS,
+    "text/tab-separated-values": _CSV_EXTENSIONS,
+}
+
+
+def name_hint(filename: str | None, declared: str | None) -> str | None:
+    """The name `detect` should see for a file a server declared to be of type `declared`: the
+    name, given the extension of a declared Markdown or CSV type where it has none of its own.
+
+    The declared type refines only as an upload's name does, between text kinds; the bytes still
+    decide everything else (HTML served as text/plain is HTML).
+    """
+    extensions = _DECLARED_TEXT_KINDS.get((declared or "").lower())
+    if extensions is None or (filename or "").lower().endswith(extensions):
+        return filename
+    return f"{filename or 'document'}{extensions[0]}"
+
+
 def detect(data: bytes, filename: str | None, path: Path | None = None) -> FileKind:
     """The kind of a file, judged from its content; the name only tells Markdown and CSV from text.
 
