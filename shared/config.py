@@ -556,6 +556,68 @@ class TracingSettings(_Section):
     )
 
 
+class BlobsSettings(_Section):
+    """Where the accepted bytes and the stages' artifacts live: a directory of this host (the
+    default) or a bucket of an S3-compatible store, which an API and workers on separate hosts
+    share without NFS (docs/operations.md#s3-blob-store)."""
+
+    url: str | None = Field(
+        None,
+        description="`s3://bucket/prefix` keeps them in that bucket under that prefix; unset, in "
+        "<state dir>/blobstore. The bucket must exist (deploy/local/s3.sh creates `ragline`).",
+    )
+    endpoint_url: str | None = Field(
+        None, description="Endpoint of an S3-compatible server (http or https); unset: AWS S3 of `region`."
+    )
+    region: str = Field(
+        "us-east-1", pattern=r"^[a-z0-9-]{1,40}$", description="Region the requests are signed for."
+    )
+    access_key_id: str | None = Field(
+        None,
+        description="Access key; unset (with the secret): boto3's own chain (AWS_* variables, ~/.aws, "
+        "an instance role). The local S3 server's are in .ragline/s3/blobs.env.",
+    )
+    secret_access_key: SecretStr | None = Field(None, description="Secret of the access key.")
+    timeout_s: float = Field(
+        30.0, gt=0, le=600, description="Bound on connecting to the store and on each of its answers."
+    )
+
+    @field_validator("url")
+    @classmethod
+    def _s3_url(cls, value: str | None) -> str | None:
+        if value is None:
+            return None
+        if not re.fullmatch(r"s3://[a-z0-9][a-z0-9.-]{1,61}[a-z0-9](/[^\s]*)?", value):
+            raise ValueError("must be s3://bucket or s3://bucket/prefix (a bucket name: a-z, 0-9, '.', '-')")
+        return value.rstrip("/")
+
+    @field_validator("endpoint_url")
+    @classmethod
+    def _endpoint(cls, value: str | None) -> str | None:
+        if value is not None and not value.startswith(("http://", "https://")):
+            raise ValueError("must be an http:// or https:// URL")
+        return value.rstrip("/") if value else value
+
+    @model_validator(mode="after")
+    def _both_or_neither(self) -> BlobsSettings:
+        if (self.access_key_id is None) != (self.secret_access_key is None):
+            raise ValueError("set both access_key_id and secret_access_key, or neither")
+        return self
+
+    @property
+    def bucket(self) -> str:
+        """The bucket of an s3:// url."""
+        assert self.url is not None
+        return self.url.removeprefix("s3://").split("/", 1)[0]
+
+    @property
+    def prefix(self) -> str:
+        """The key prefix of an s3:// url: '' or ending in '/'."""
+        assert self.url is not None
+        rest = self.url.removeprefix("s3://").partition("/")[2].strip("/")
+        return f"{rest}/" if rest else ""
+
+
 class Settings(BaseSettings):
     """All of Ragline's configuration."""
 
@@ -595,6 +657,7 @@ class Settings(BaseSettings):
     search: SearchSettings = Field(default_factory=SearchSettings)
     metrics: MetricsSettings = Field(default_factory=MetricsSettings)
     tracing: TracingSettings = Field(default_factory=TracingSettings)
+    blobs: BlobsSettings = Field(default_factory=BlobsSettings)
 
     @property
     def mcp_request_limit(self) -> int:
@@ -633,7 +696,7 @@ def env_name(location: tuple[int | str, ...]) -> str:
 
 
 # A bad value of these is never echoed: the message may reach a terminal or a log.
-_SECRET_FIELDS = {"api_keys", "key", "password", "hash_secret"}
+_SECRET_FIELDS = {"api_keys", "key", "password", "hash_secret", "secret_access_key"}
 
 
 def describe_validation_error(error: ValidationError) -> str:

@@ -57,7 +57,8 @@ _FOOTER = """## Local-stack scripts
 The scripts of `deploy/local/` (not the services) also read `RAGLINE_OPENSEARCH_PORT` (9200),
 `RAGLINE_OPENSEARCH_TRANSPORT_PORT` (9300), `RAGLINE_OPENSEARCH_HEAP` (`1g`),
 `RAGLINE_OPENSEARCH_JVM_OPTS` (further JVM options, none), `RAGLINE_OPENSEARCH_NODES` (1),
-`RAGLINE_WORKERS` (one `worker`), `RAGLINE_REDIS_PORT` (6379), `RAGLINE_API__PORT` (8000),
+`RAGLINE_WORKERS` (one `worker`), `RAGLINE_REDIS_PORT` (6379), `RAGLINE_S3_PORT` (9100, the S3
+server), `RAGLINE_API__PORT` (8000),
 `RAGLINE_CACHE_DIR` (`~/.cache/ragline`) and `RAGLINE_VENV` (`.venv`); see
 [operations](operations.md#a-local-cluster-and-specialised-workers).
 """

@@ -13,6 +13,8 @@ import redis
 from celery import Celery
 from opensearchpy import OpenSearch
 
+from shared.blob_dir import DirBlobStore
+from shared.blob_s3 import S3BlobStore
 from shared.blobs import BlobStore
 from shared.catalog import Catalog
 from shared.config import Settings
@@ -41,12 +43,20 @@ class Services:
         ensure_indexes(self.client, self.settings)
 
 
+def blob_store(settings: Settings, broker: redis.Redis) -> BlobStore:
+    """The one choice of blob store: the bucket of `blobs.url`, else the state dir's directory.
+    The S3 store locks its stripes in Redis, which every process sharing it reaches."""
+    if settings.blobs.url is None:
+        return DirBlobStore(settings.state_dir / "blobstore")
+    return S3BlobStore(settings.blobs, broker, settings.state_dir / "blob-scratch")
+
+
 def build_services(settings: Settings) -> Services:
     client = build_client(settings.opensearch)
     registry = Registry(client, settings)
-    blobs = BlobStore(settings.state_dir / "blobstore")
     sender = broker_client(settings)
     broker = redis_client(settings)
+    blobs = blob_store(settings, broker)
     ingestor = Ingestor(settings, registry, blobs, sender, broker)
     return Services(
         settings=settings,

@@ -59,13 +59,14 @@ def drop_artifacts(ctx: WorkerContext, ref: StageRef, *, older: bool = True) -> 
     ctx.blobs.drop_artifacts(blobs.version_artifact_keys(ref.tenant_id, ref.kb_id, ref.doc_id, versions))
 
 
-def stage_input(ctx: WorkerContext, item: ClaimedStage) -> Any:
+def stage_input(ctx: WorkerContext, item: ClaimedStage, files: contextlib.ExitStack) -> Any:
     """The stage's input: handed on in this task, or as the stage before left it in the blob store
     (parse: the document's bytes)."""
     if item.artifact is not UNREAD:
         return item.artifact
     if item.ref.stage == Stage.PARSE:
-        return ctx.blobs.path_of(item.claim.doc.content_hash)
+        # A file of this host (the store may be a bucket), kept until the stage is done with it.
+        return files.enter_context(ctx.blobs.local_file(item.claim.doc.content_hash))
     previous = PIPELINE[PIPELINE.index(item.ref.stage) - 1]
     return ctx.blobs.get_artifact(artifact_key(item.ref, previous))
 

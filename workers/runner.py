@@ -158,9 +158,12 @@ def _run_claimed(
     fn, batch_fn = stages.functions[ref.stage], stages.batches.get(ref.stage)
     started = time.perf_counter()
     produced: list[StageResult | RaglineError] | Exception
-    with LeaseKeeper(ctx.registry, [i.claim for i in items], stage_lease(ctx.settings)) as keeper:
+    with (
+        LeaseKeeper(ctx.registry, [i.claim for i in items], stage_lease(ctx.settings)) as keeper,
+        contextlib.ExitStack() as files,
+    ):
         try:
-            inputs = [(i.claim.doc, stage_input(ctx, i)) for i in items]
+            inputs = [(i.claim.doc, stage_input(ctx, i, files)) for i in items]
             produced = batch_fn(ctx, inputs) if batch_fn is not None else [fn(ctx, *inputs[0])]
         except Exception as error:  # noqa: BLE001  (every failure is classified; none escapes untyped)
             produced = error

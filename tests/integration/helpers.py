@@ -9,11 +9,12 @@ from typing import Any
 import pytest
 from opensearchpy import OpenSearch
 
-from shared.blobs import BlobStore
 from shared.config import Settings
 from shared.models import DocStatus, Document, KbSettings, KnowledgeBase
+from shared.queue import redis_client
 from shared.registry import Registry
 from shared.search.schema import chunks_alias
+from shared.wiring import blob_store
 
 
 def new_kb(registry: Registry, **kb_settings: object) -> KnowledgeBase:
@@ -29,7 +30,7 @@ def orphan(
     registry: Registry, settings: Settings, kb: KnowledgeBase, doc_id: str, data: bytes, **state: Any
 ) -> None:
     """A registry record in `state` with its bytes stored and no task anywhere, as a fault leaves it."""
-    blob = BlobStore(settings.state_dir / "blobstore").put(data)
+    blob = blob_store(settings, redis_client(settings)).put(data)
     registry.create_doc(
         Document(
             tenant_id=kb.tenant_id,

@@ -1,13 +1,17 @@
-"""Where a raw value could be left: every Ragline index, and every byte of the blob store."""
+"""Where a raw value could be left: every Ragline index, and every byte of the blob store (its
+directory, or its bucket when it is S3)."""
 
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 from opensearchpy import OpenSearch
 
+from shared import s3
+from shared.blob_s3 import endpoint_of
 from shared.config import Settings
 
 _VECTORS = ["embedding", "document_embedding"]
@@ -47,19 +51,29 @@ def _sources(opensearch: OpenSearch, pattern: str, tenant_id: str) -> list[dict[
 
 
 def blob_store_leaks(settings: Settings, values: list[str]) -> list[str]:
-    """`value (file)` for each value found in any file under the blob store (blobs, artifacts,
-    temporary files), as UTF-8 bytes."""
-    root = settings.state_dir / "blobstore"
+    """`value (name)` for each value found in anything the blob store holds (blobs, artifacts,
+    temporary files), as UTF-8 bytes: every file under its directory, or every object under its
+    bucket's prefix when it is S3 (the local copies a parse reads lie in the scratch directory)."""
     wanted = {value: value.encode() for value in values}
     leaks: list[str] = []
-    for path in sorted(p for p in root.rglob("*") if p.is_file()):
-        data = _read(path)
-        leaks += [f"{value} ({path.relative_to(root)})" for value, raw in wanted.items() if raw in data]
+    for name, data in _stored(settings):
+        leaks += [f"{value} ({name})" for value, raw in wanted.items() if raw in data]
     return leaks
 
 
-def blob_store_files(settings: Settings) -> set[Path]:
-    return {p for p in (settings.state_dir / "blobstore").rglob("*") if p.is_file()}
+def _stored(settings: Settings) -> Iterator[tuple[str, bytes]]:
+    roots = [settings.state_dir / "blobstore", settings.state_dir / "blob-scratch"]
+    for root in roots:
+        for path in sorted(p for p in root.rglob("*") if p.is_file()):
+            yield str(path.relative_to(settings.state_dir)), _read(path)
+    if settings.blobs.url is not None:
+        client = s3.make_client(endpoint_of(settings.blobs))
+        bucket, prefix = settings.blobs.bucket, settings.blobs.prefix
+        for item in s3.list_objects(client, bucket, prefix, "the test's blob store"):
+            try:
+                yield item.key, s3.read_object(client, bucket, item.key, "the test's blob store")
+            except FileNotFoundError:  # removed meanwhile by another test's worker
+                continue
 
 
 def _read(path: Path) -> bytes:

@@ -22,7 +22,7 @@ import redis
 from celery import Celery
 
 from shared import fairqueue
-from shared.blobs import BlobStore
+from shared.blob_dir import DirBlobStore
 from shared.catalog import Catalog
 from shared.config import Settings
 from shared.errors import ErrorCode, RaglineError
@@ -150,14 +150,12 @@ def quiet(settings: Settings) -> Iterator[Quiet]:
 
 
 @pytest.fixture
-def quiet_kbs(quiet: Quiet, registry: Registry, settings: Settings) -> Iterator[list[KnowledgeBase]]:
+def quiet_kbs(quiet: Quiet, registry: Registry, services: Services) -> Iterator[list[KnowledgeBase]]:
     """Knowledge bases a test makes; deleted afterwards with their records, so no reconciler ever
     sends their never-started documents."""
     made: list[KnowledgeBase] = []
     yield made
-    ingestor = Ingestor(
-        quiet.settings, registry, BlobStore(settings.state_dir / "blobstore"), quiet.sender, quiet.redis
-    )
+    ingestor = Ingestor(quiet.settings, registry, services.blobs, quiet.sender, quiet.redis)
     for kb in made:
         Catalog(quiet.settings, registry, ingestor).delete_kb(kb.tenant_id, kb.kb_id)
 
@@ -187,7 +185,7 @@ def test_a_tenant_with_many_kbs_gets_the_share_of_a_tenant_with_one(quiet: Quiet
 
 def _ingestor(quiet: Quiet, registry: Registry, tmp_path: Path, **api: Any) -> Ingestor:
     settings = quiet.settings.model_copy(update={"api": quiet.settings.api.model_copy(update=api)})
-    return Ingestor(settings, registry, BlobStore(tmp_path / "blobstore"), quiet.sender, quiet.redis)
+    return Ingestor(settings, registry, DirBlobStore(tmp_path / "blobstore"), quiet.sender, quiet.redis)
 
 
 def _refused(call: Any) -> RaglineError:

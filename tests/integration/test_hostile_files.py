@@ -21,6 +21,7 @@ from pathlib import Path
 import pytest
 from opensearchpy import OpenSearch
 
+from shared.blob_dir import DirBlobStore
 from shared.config import REPO_ROOT, Settings
 from shared.ingest import Ingestor
 from shared.models import DocStatus, Document
@@ -167,7 +168,9 @@ def test_hostile_files_fail_with_their_codes_and_harm_nothing(
     for doc_id, text in stored.items():
         doc = docs[doc_id]
         assert doc.status == DocStatus.READY, (doc_id, doc.error)
-        blob = ingestor.blobs.path_of(doc.content_hash)
+        store = ingestor.blobs
+        assert isinstance(store, DirBlobStore), "this test reads the directory store's files"
+        blob = store.path_of(doc.content_hash)
         assert blob.is_relative_to(blob_root / "blobs")
         assert blob.read_bytes() == text
 

@@ -15,7 +15,7 @@ import pytest
 import redis
 from opensearchpy import OpenSearch
 
-from shared.blobs import BlobStore
+from shared.blob_dir import DirBlobStore
 from shared.catalog import Catalog, KbChanges
 from shared.config import Settings
 from shared.errors import ErrorCode, RaglineError
@@ -118,7 +118,7 @@ def test_a_reembed_to_a_server_path_is_refused_and_sends_nothing(
 ) -> None:
     quiet_settings, client = quiet
     ingestor = Ingestor(
-        quiet_settings, registry, BlobStore(tmp_path / "blobs"), broker_client(quiet_settings), client
+        quiet_settings, registry, DirBlobStore(tmp_path / "blobs"), broker_client(quiet_settings), client
     )
     catalog = Catalog(quiet_settings, registry, ingestor)
     kb = new_kb(registry)
@@ -144,7 +144,7 @@ def test_a_reembed_task_naming_an_unknown_model_writes_nothing(
     ctx = replace(
         services,
         settings=quiet_settings,
-        blobs=BlobStore(tmp_path / "blobs"),
+        blobs=DirBlobStore(tmp_path / "blobs"),
         sender=broker_client(quiet_settings),
         redis=client,
     )

@@ -61,8 +61,8 @@ def catalog(settings: Settings, registry: Registry, ingestor: Ingestor) -> Catal
 
 
 @pytest.fixture
-def blobs(settings: Settings) -> BlobStore:
-    return BlobStore(settings.state_dir / "blobstore")
+def blobs(services: Services) -> BlobStore:
+    return services.blobs
 
 
 def _status_leaks(catalog: Catalog, kb: KnowledgeBase, doc_id: str, wanted: list[str]) -> list[str]:

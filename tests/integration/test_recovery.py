@@ -175,7 +175,8 @@ def test_a_hand_over_whose_reply_was_lost_still_sends_the_next_stage(
     claimed = registry.get_doc(kb.tenant_id, kb.kb_id, "reply-lost.txt")
     assert claimed is not None
     ctx = replace(worker_ctx, registry=ReplyLostRegistry(opensearch, settings))
-    result = parse.run(ctx, claimed.doc, blobs.path_of(claimed.doc.content_hash))
+    with blobs.local_file(claimed.doc.content_hash) as path:
+        result = parse.run(ctx, claimed.doc, path)
     ref = StageRef(kb.tenant_id, kb.kb_id, "reply-lost.txt", claimed.doc.content_version, Stage.PARSE)
     # ...and hands it to the chunk stage: the write lands, the reply is lost.
     with pytest.raises(OpenSearchConnectionError):
@@ -213,7 +214,8 @@ def test_a_chained_hand_over_is_written_only_when_the_claims_lease_runs_short(
     )
     claimed = registry.require_doc(kb.tenant_id, kb.kb_id, name)
     claim_seq_no = claimed.seq_no
-    result = parse.run(worker_ctx, claimed.doc, worker_ctx.blobs.path_of(claimed.doc.content_hash))
+    with worker_ctx.blobs.local_file(claimed.doc.content_hash) as path:
+        result = parse.run(worker_ctx, claimed.doc, path)
     ref = StageRef(kb.tenant_id, kb.kb_id, name, claimed.doc.content_version, Stage.PARSE)
     item = hand_over(worker_ctx, ref, claimed, result, 0.1, STAGES)
     assert item is not None

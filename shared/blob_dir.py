@@ -1,0 +1,127 @@
+"""The blob store in a directory of this host (the default): files under `root`, locks by flock.
+
+A blob is written to a temporary file, flushed to disk and renamed into place, so a reader never
+sees a partial blob and an accepted document survives a crash right after submit returns. flock
+holds among the processes of this host only: processes on other hosts sharing the directory (NFS)
+would not see each other's locks, which is what the S3 store (shared/blob_s3.py) is for.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import json
+import os
+import tempfile
+import time
+from collections.abc import Iterable, Iterator
+from pathlib import Path
+from typing import Any
+
+from shared.blobs import LOCK_WAIT_S, BlobStore, StoredBlob, artifact_name, checked_digest, spool
+from shared.errors import TransientError
+
+_LOCK_POLL_S = 0.01
+
+
+class DirBlobStore(BlobStore):
+    """Blobs under `root/blobs/ab/cd/<sha256>`, artifacts under `root/artifacts/<key digest>.json`."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = root
+        self._blobs = root / "blobs"
+        self._artifacts = root / "artifacts"
+        self._tmp = root / "tmp"
+        self._locks = root / "locks"
+        for directory in (self._blobs, self._artifacts, self._tmp, self._locks):
+            directory.mkdir(parents=True, exist_ok=True)
+
+    def path_of(self, sha256: str) -> Path:
+        checked_digest(sha256)
+        return self._blobs / sha256[:2] / sha256[2:4] / sha256
+
+    def put(self, data: bytes | Iterable[bytes], *, max_bytes: int | None = None) -> StoredBlob:
+        fd, tmp_name = tempfile.mkstemp(dir=self._tmp)
+        tmp = Path(tmp_name)
+        try:
+            with os.fdopen(fd, "wb") as out:
+                blob = spool(data, out, max_bytes)
+                out.flush()
+                os.fsync(out.fileno())
+            final = self.path_of(blob.sha256)
+            final.parent.mkdir(parents=True, exist_ok=True)
+            os.replace(tmp, final)
+            _fsync_dir(final.parent)
+            return blob
+        finally:
+            tmp.unlink(missing_ok=True)
+
+    def exists(self, sha256: str) -> bool:
+        return self.path_of(sha256).is_file()
+
+    def read(self, sha256: str) -> bytes:
+        return self.path_of(sha256).read_bytes()
+
+    @contextlib.contextmanager
+    def local_file(self, sha256: str) -> Iterator[Path]:
+        path = self.path_of(sha256)
+        if not path.is_file():
+            raise FileNotFoundError(f"no blob {sha256}")
+        yield path
+
+    @contextlib.contextmanager
+    def _stripe_lock(self, stripe: str, *, exclusive: bool) -> Iterator[None]:
+        """flock on the stripe's lock file; closing the file releases it."""
+        mode = fcntl.LOCK_EX if exclusive else fcntl.LOCK_SH
+        fd = os.open(self._locks / f"{stripe}.lock", os.O_RDWR | os.O_CREAT, 0o600)
+        try:
+            deadline = time.monotonic() + LOCK_WAIT_S
+            while True:
+                try:
+                    fcntl.flock(fd, mode | fcntl.LOCK_NB)
+                    break
+                except BlockingIOError:
+                    if time.monotonic() > deadline:
+                        raise TransientError("the blob store is busy; retry shortly") from None
+                    time.sleep(_LOCK_POLL_S)
+            yield
+        finally:
+            os.close(fd)
+
+    def _remove(self, sha256s: set[str]) -> None:
+        for sha in sha256s:
+            # Its fan-out directories stay: a put may be about to rename another blob into them.
+            self.path_of(sha).unlink(missing_ok=True)
+
+    def _artifact_path(self, key: str) -> Path:
+        return self._artifacts / artifact_name(key)
+
+    def put_artifact(self, key: str, value: Any) -> None:
+        path = self._artifact_path(key)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp_name = tempfile.mkstemp(dir=self._tmp)
+        try:
+            with os.fdopen(fd, "w", encoding="utf-8") as out:
+                json.dump(value, out, ensure_ascii=False)
+            os.replace(tmp_name, path)
+        finally:
+            Path(tmp_name).unlink(missing_ok=True)  # a failed write leaves no half of the text behind
+
+    def get_artifact(self, key: str) -> Any:
+        with self._artifact_path(key).open(encoding="utf-8") as handle:
+            return json.load(handle)
+
+    def has_artifact(self, key: str) -> bool:
+        return self._artifact_path(key).is_file()
+
+    def drop_artifacts(self, keys: Iterable[str]) -> None:
+        for key in keys:
+            self._artifact_path(key).unlink(missing_ok=True)
+
+
+def _fsync_dir(directory: Path) -> None:
+    fd = os.open(directory, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
