@@ -91,3 +91,53 @@ def test_teardown_stops_what_it_started_and_nothing_else(tmp_path: Path, sig: si
         for p in [int(p) for p in (state / "ledger").read_text().split()]:
             if _alive(p):
                 os.kill(p, signal.SIGKILL)
+
+
+# The tests of the S3 pass: they note which blob store and state dir they were given, then hold.
+PASS_PYTEST = """#!/usr/bin/env bash
+echo "$RAGLINE_STATE_DIR $RAGLINE_BLOBS__URL" >"$PASS_SEEN"
+[ "${PASS_HOLD:-0}" = 0 ] || sleep 60
+"""
+
+
+@pytest.mark.parametrize("sig", [None, signal.SIGTERM])
+def test_the_s3_pass_runs_in_its_own_instance_and_stops_its_worker(
+    tmp_path: Path, sig: signal.Signals | None
+) -> None:
+    state = _tree(tmp_path)
+    (tmp_path / ".venv" / "bin" / "pytest").write_text(PASS_PYTEST)
+    (state / "s3").mkdir(parents=True)
+    (state / "s3" / "blobs.env").write_text("RAGLINE_BLOBS__URL=s3://ragline/blobs\n")
+    seen = tmp_path / "seen"
+    env = {k: v for k, v in os.environ.items() if not k.startswith("RAGLINE_")}
+    env.update(RAGLINE_TEST_BLOBS="s3", PASS_SEEN=str(seen), PASS_HOLD="0" if sig is None else "1")
+    out = tmp_path / "out"
+    with out.open("w") as log:
+        run = subprocess.Popen(
+            ["bash", "deploy/local/test.sh", "x"],
+            cwd=tmp_path,
+            env=env,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+    pass_state = state / "s3-pass"
+    try:
+        while not seen.exists() and run.poll() is None:
+            time.sleep(0.1)
+        assert seen.read_text().split() == [str(pass_state), "s3://ragline/blobs"], out.read_text()
+        if sig is not None:
+            os.killpg(run.pid, sig)
+        run.wait(timeout=60)
+        time.sleep(4)  # a teardown that outlives test.sh finishes
+        (pass_worker,) = [int(p) for p in (pass_state / "ledger").read_text().split()]
+        assert not _alive(pass_worker), out.read_text()
+        ours = [int(p) for p in (state / "ledger").read_text().split()]
+        assert len(ours) == 5  # the stack's own services, started by this run and stopped again
+        assert [p for p in ours if _alive(p)] == [], out.read_text()
+        assert ("all checks passed" in out.read_text()) == (sig is None)
+    finally:
+        for ledger in (state / "ledger", pass_state / "ledger"):
+            for p in [int(p) for p in ledger.read_text().split()] if ledger.exists() else []:
+                if _alive(p):
+                    os.kill(p, signal.SIGKILL)
