@@ -8,7 +8,7 @@ STACK := bash deploy/local/stack.sh
 install:  ## venv, Python packages, Debian packages and OpenSearch artifacts (idempotent)
 	@bash deploy/local/setup.sh
 
-up: install  ## start OpenSearch (k-NN), Redis and a worker on 127.0.0.1
+up: install  ## start OpenSearch (k-NN), Redis, the S3 server, a worker and the API on 127.0.0.1
 	@$(VENV)/bin/ragline up
 
 demo: install  ## the main job: start the stack, bulk-load the SQLite docs, search them over MCP

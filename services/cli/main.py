@@ -28,7 +28,7 @@ SERVER_MODULES = ("celery", "opensearchpy", "fastapi", "sentence_transformers")
 STACK_SCRIPT = REPO_ROOT / "deploy" / "local" / "stack.sh"
 Services = Annotated[
     list[str] | None,
-    typer.Argument(help="Services to act on (opensearch, redis, worker, api); default: all."),
+    typer.Argument(help="Services to act on (opensearch, redis, s3, worker, api); default: all."),
 ]
 
 
