@@ -28,8 +28,9 @@ _BATCH = 500  # blobs checked in one search, under their stripes' locks
 
 
 def release_blobs(registry: Registry, blobs: BlobStore, sha256s: Iterable[str]) -> set[str]:
-    """Remove the blobs no live record needs; returns those removed."""
-    wanted, removed = sorted(set(sha256s)), set()
+    """Remove the blobs no live record needs; returns those removed. An empty hash (a document by
+    URL not fetched yet) names no blob."""
+    wanted, removed = sorted(set(sha256s) - {""}), set()
     for first in range(0, len(wanted), _BATCH):
         batch = wanted[first : first + _BATCH]
         removed |= blobs.remove_unused(batch, registry.live_hashes)

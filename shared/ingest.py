@@ -3,6 +3,11 @@
 The bytes are stored durably first, then the registry records the document as `queued`, then
 the first stage is enqueued. If the enqueue is lost (broker down), the record stays `queued`
 with an expired lease and the reconciler sends it again, so an accepted document is never lost.
+
+A document given by URL is recorded the same way, with its URL instead of bytes: its first stage
+is fetch (workers/stages/fetch.py), which the worker runs under the SSRF policy
+(shared/fetch/policy.py; here only what the URL itself says is checked, since a host name means
+nothing until the worker resolves it).
 """
 
 from __future__ import annotations
@@ -21,8 +26,18 @@ from shared.admission import Admission, Admitter
 from shared.blobs import BlobStore
 from shared.config import Settings
 from shared.errors import ErrorCode, RaglineError, TransientError
+from shared.fetch.policy import FetchPolicy, check_url, doc_id_for_url, name_of
 from shared.metadata_rules import check_metadata
-from shared.models import DocStatus, Document, Outcome, Stage, check_doc_id, safe_doc_id, utcnow
+from shared.models import (
+    DocStatus,
+    Document,
+    Outcome,
+    Stage,
+    check_doc_id,
+    entry_stage,
+    safe_doc_id,
+    utcnow,
+)
 from shared.queue import enqueue, stage_queue
 from shared.registry import Conflict, Registry, Versioned
 
@@ -42,13 +57,19 @@ class SubmitResult:
 
 @dataclass(frozen=True)
 class Upload:
-    """One document of a request: its bytes (or a stream of them) and what the caller said of it."""
+    """One document of a request: its bytes (or a stream of them), or the URL the worker fetches
+    them from, and what the caller said of it."""
 
     data: bytes | Iterable[bytes]
     filename: str | None = None
     mime_type: str | None = None
     doc_id: str | None = None
     size: int | None = None  # known before reading (a spooled multipart file), else None
+    url: str | None = None  # instead of data: fetched by the worker
+
+    @classmethod
+    def of_url(cls, url: str, doc_id: str | None = None) -> Upload:
+        return cls(b"", doc_id=doc_id, url=url)
 
     @property
     def known_size(self) -> int | None:
@@ -88,6 +109,12 @@ class Ingestor:
         self.blobs = blobs
         self.sender = sender
         self.admitter = Admitter(settings, registry, broker)
+        self.fetch_policy = FetchPolicy.of(settings.fetch.allow)
+
+    @property
+    def fetch_limit(self) -> int:
+        """The most bytes a URL may bring: what admission counts it as."""
+        return min(self.settings.fetch.max_bytes, self.settings.api.max_file_bytes)
 
     def submit(
         self,
@@ -130,23 +157,29 @@ class Ingestor:
         """Admit a request's documents (shared/admission.py), then store, register and start each.
 
         Everything that can refuse the request (unknown KB, metadata out of bounds, a bad doc_id,
-        a known size over the limit, the tenant's bounds) is checked before the first byte is
-        stored, so a refused request leaves nothing behind. `priority` is what the caller asked
-        for; admission decides.
+        a known size over the limit, a URL that is malformed or names an address the fetch policy
+        refuses, the tenant's bounds) is checked before the first byte is stored, so a refused
+        request leaves nothing behind. `priority` is what the caller asked for; admission
+        decides; a URL counts as the most it may bring (`fetch_limit`).
         """
         self.registry.get_kb(tenant_id, kb_id)  # NOT_FOUND before any byte is stored
         metadata = check_metadata(metadata or {}, self.settings.api.max_metadata_bytes)
         limit = self.settings.api.max_file_bytes
         for number, upload in enumerate(uploads, start=1):
+            if upload.url is not None:
+                self.fetch_policy.check_name(check_url(upload.url))
             if upload.doc_id is not None:
                 check_doc_id(upload.doc_id)
+            elif upload.url is not None:
+                check_doc_id(doc_id_for_url(upload.url))
             if upload.known_size is not None and upload.known_size > limit:
                 raise RaglineError(
                     f"document {number} of the request exceeds the limit of {limit} bytes",
                     code=ErrorCode.TOO_LARGE,
                     details={"limit": limit, "document": number},
                 )
-        admission = self.admitter.admit(tenant_id, priority, [u.known_size for u in uploads])
+        sizes = [self.fetch_limit if u.url is not None else u.known_size for u in uploads]
+        admission = self.admitter.admit(tenant_id, priority, sizes)
         results: list[SubmitResult] = []
         try:
             for upload in uploads:
@@ -170,6 +203,9 @@ class Ingestor:
         batch_id: str | None,
         admission: Admission,
     ) -> SubmitResult:
+        if upload.url is not None:
+            doc_id = upload.doc_id or doc_id_for_url(upload.url)
+            return self._register_url(tenant_id, kb_id, doc_id, upload.url, metadata, batch_id, admission)
         blob = self.blobs.put(upload.data, max_bytes=self.settings.api.max_file_bytes)
         final_id = upload.doc_id or safe_doc_id(upload.filename or f"doc-{blob.sha256[:16]}")
         for _ in range(5):
@@ -226,8 +262,8 @@ class Ingestor:
             trace=tracing.carrier(),
         )
         if current is None:
+            doc.outcome = Outcome.CREATED
             stored = self.registry.create_doc(doc)
-            outcome = Outcome.CREATED
         else:
             previous = current.doc
             doc.content_version = previous.content_version + 1
@@ -235,14 +271,52 @@ class Ingestor:
             doc.active_generation = previous.active_generation
             doc.chunk_count = previous.chunk_count
             doc.created_at = previous.created_at
+            doc.outcome = Outcome.CREATED if previous.status == DocStatus.DELETED else Outcome.UPDATED
             stored = self.registry.replace_doc(current, doc)
-            outcome = Outcome.CREATED if previous.status == DocStatus.DELETED else Outcome.UPDATED
+        outcome = doc.outcome
         self.admitter.hold(admission, tenant_id, kb_id, doc_id, doc.content_version)
         self._start(stored)
         return SubmitResult(doc_id, outcome, DocStatus.QUEUED, doc.content_version)
 
+    def _register_url(
+        self,
+        tenant_id: str,
+        kb_id: str,
+        doc_id: str,
+        url: str,
+        metadata: dict[str, Any],
+        batch_id: str | None,
+        admission: Admission,
+    ) -> SubmitResult:
+        """Record a new version whose bytes the worker fetches from `url` (see `url_version`)."""
+        for _ in range(5):
+            current = self.registry.get_doc(tenant_id, kb_id, doc_id)
+            now = utcnow()
+            previous = current.doc if current is not None else None
+            doc, released = url_version(previous, tenant_id, kb_id, doc_id, url, metadata)
+            doc.queue, doc.batch_id = admission.queue, batch_id
+            doc.lease_until = now + QUEUE_LEASE
+            doc.trace = tracing.carrier()
+            queued = {"status": DocStatus.QUEUED.value, "at": now.isoformat()}
+            doc.transitions = [*doc.transitions, queued][-64:]
+            try:
+                if current is None:
+                    stored = self.registry.create_doc(doc)
+                else:
+                    stored = self.registry.replace_doc(current, doc)
+            except Conflict:
+                continue
+            if released is not None:
+                erasure.release_blob(self.registry, self.blobs, released)
+            self.admitter.hold(admission, tenant_id, kb_id, doc_id, doc.content_version)
+            self._start(stored)
+            assert doc.outcome is not None
+            return SubmitResult(doc_id, doc.outcome, DocStatus.QUEUED, doc.content_version)
+        raise RaglineError(f"document '{doc_id}' is being changed concurrently", code=ErrorCode.CONFLICT)
+
     def reingest(self, tenant_id: str, kb_id: str, doc_id: str) -> SubmitResult:
-        """Run the pipeline again from the stored bytes (after a fix, or new KB settings).
+        """Run the pipeline again from the stored bytes (after a fix, or new KB settings); a
+        document by URL whose bytes were never fetched is fetched.
 
         It is admitted like an upload of the same size (shared/admission.py).
         """
@@ -267,11 +341,12 @@ class Ingestor:
             doc.trace = tracing.carrier()
             doc.status, doc.stage, doc.progress, doc.attempts, doc.error = (
                 DocStatus.QUEUED,
-                None,
+                Stage.FETCH if doc.url and not doc.content_hash else None,
                 0.0,
                 0,
                 None,
             )
+            doc.outcome = Outcome.UPDATED
             doc.claimed_by, doc.lease_until = None, now + QUEUE_LEASE
             doc.transitions = [*doc.transitions, {"status": DocStatus.QUEUED.value, "at": now.isoformat()}][
                 -64:
@@ -326,13 +401,13 @@ class Ingestor:
                 raise TransientError("the upload met a delete of the same content; send it again")
             result = self._register(tenant_id, kb_id, doc_id, sha256, *rest)
         replaced = before.doc.content_hash if before is not None else None
-        if result.outcome != Outcome.UNCHANGED and replaced not in (None, sha256):
+        if result.outcome != Outcome.UNCHANGED and replaced not in (None, "", sha256):
             erasure.release_blob(self.registry, self.blobs, replaced)
         return result
 
     def _start(self, stored: Versioned) -> None:
         doc = stored.doc
-        ref = StageRef(doc.tenant_id, doc.kb_id, doc.doc_id, doc.content_version, Stage.PARSE)
+        ref = StageRef(doc.tenant_id, doc.kb_id, doc.doc_id, doc.content_version, entry_stage(doc))
         try:
             if doc.queue == fairqueue.BULK_QUEUE:
                 fairqueue.push(self.broker, doc.tenant_id, doc.kb_id, STAGE_TASK, ref.as_kwargs())
@@ -342,6 +417,50 @@ class Ingestor:
         except Exception:  # noqa: BLE001  (broker down, any error type: the reconciler re-sends)
             log.warning("enqueue failed for %s/%s; the reconciler will retry", doc.kb_id, doc.doc_id)
             hand_to_reconciler(self.registry, ref)
+
+
+def url_version(
+    previous: Document | None, tenant_id: str, kb_id: str, doc_id: str, url: str, metadata: dict[str, Any]
+) -> tuple[Document, str | None]:
+    """The record of a new version fetched from `url` (queued at its entry stage, fetch), and the
+    bytes of `previous` it no longer names (None: none to release).
+
+    Ingested again, a ready document keeps its bytes (and their validators, when the URL is the
+    same) as the baseline the fetch compares with: the same bytes, or a 304, end the version
+    `unchanged`. New metadata, or any state but ready, leaves no baseline: the fetched bytes go
+    through the pipeline whatever they are. Metadata not given is kept.
+    """
+    released = None
+    if previous is None or previous.status in (DocStatus.DELETED, DocStatus.DELETING):
+        existed = previous is not None and previous.status == DocStatus.DELETING
+        doc = Document(
+            tenant_id=tenant_id,
+            kb_id=kb_id,
+            doc_id=doc_id,
+            content_hash="",
+            file_size=0,
+            metadata=metadata,
+            outcome=Outcome.UPDATED if existed else Outcome.CREATED,
+        )
+        if previous is not None:
+            doc.content_version = previous.content_version + 1
+            doc.created_at = previous.created_at
+    else:
+        doc = previous.model_copy(deep=True)
+        doc.content_version += 1
+        doc.metadata = metadata or previous.metadata
+        doc.outcome = Outcome.UPDATED
+        doc.progress, doc.attempts, doc.error, doc.claimed_by = 0.0, 0, None, None
+        if previous.url != url:
+            doc.fetch = None  # its validators are another URL's
+        baseline = previous.status == DocStatus.READY and doc.metadata == previous.metadata
+        if not baseline and previous.content_hash:
+            released = previous.content_hash
+            doc.content_hash, doc.file_size, doc.fetch = "", 0, None
+    doc.url = doc.source_uri = url
+    doc.filename = name_of(url)
+    doc.status, doc.stage = DocStatus.QUEUED, Stage.FETCH
+    return doc, released
 
 
 def hand_to_reconciler(registry: Registry, ref: StageRef) -> None:

@@ -33,6 +33,7 @@ class DocStatus(StrEnum):
     """Lifecycle of a document (docs/architecture.md#registry-and-status)."""
 
     QUEUED = "queued"
+    FETCHING = "fetching"
     PARSING = "parsing"
     CHUNKING = "chunking"
     ENRICHING = "enriching"
@@ -50,8 +51,12 @@ class DocStatus(StrEnum):
 
 
 class Stage(StrEnum):
-    """Pipeline stages, in order. Each has one module in workers/stages/."""
+    """Pipeline stages, in order. Each has one module in workers/stages/.
 
+    A version starts at fetch when its bytes are still at a URL (ingest by URL), else at parse.
+    """
+
+    FETCH = "fetch"
     PARSE = "parse"
     CHUNK = "chunk"
     ENRICH = "enrich"
@@ -61,7 +66,10 @@ class Stage(StrEnum):
 
 
 PIPELINE: tuple[Stage, ...] = tuple(Stage)
+# The stages a version can start at, which it waits for as `queued`: fetch (a URL), parse (bytes).
+ENTRY_STAGES = frozenset({Stage.FETCH, Stage.PARSE})
 STAGE_STATUS: dict[Stage, DocStatus] = {
+    Stage.FETCH: DocStatus.FETCHING,
     Stage.PARSE: DocStatus.PARSING,
     Stage.CHUNK: DocStatus.CHUNKING,
     Stage.ENRICH: DocStatus.ENRICHING,
@@ -72,7 +80,7 @@ STAGE_STATUS: dict[Stage, DocStatus] = {
 
 
 class Outcome(StrEnum):
-    """What a submit did."""
+    """What a submit did (and, on a document, what its current version brought)."""
 
     CREATED = "created"
     UNCHANGED = "unchanged"
@@ -192,6 +200,17 @@ class KnowledgeBase(BaseModel):
     updated_at: datetime = Field(default_factory=utcnow)
 
 
+class FetchInfo(BaseModel):
+    """What the fetch stage learned of a document's URL: where redirects ended, what the server
+    declared, and the validators that let the next fetch ask "changed since?" (for these bytes)."""
+
+    final_url: str
+    content_type: str | None = None
+    etag: str | None = None
+    last_modified: str | None = None
+    content_hash: str  # the bytes the validators describe
+
+
 class ErrorInfo(BaseModel):
     code: str
     stage: str | None = None
@@ -217,6 +236,11 @@ class Document(BaseModel):
     mime_type: str | None = None
     filename: str | None = None
     source_uri: str | None = None
+    # Ingest by URL: the worker fetches each version's bytes from here (`content_hash` is empty
+    # until the first fetch); `fetch` is what the last fetch found.
+    url: str | None = None
+    fetch: FetchInfo | None = None
+    outcome: Outcome | None = None  # what the current version brought; None on older records
     title: str | None = None
     metadata: dict[str, Any] = Field(default_factory=dict)
     chunk_count: int = 0
@@ -233,6 +257,11 @@ class Document(BaseModel):
     lease_until: datetime | None = None
     created_at: datetime = Field(default_factory=utcnow)
     updated_at: datetime = Field(default_factory=utcnow)
+
+
+def entry_stage(doc: Document) -> Stage:
+    """The stage a queued version waits for: fetch when its bytes are still at its URL, else parse."""
+    return Stage.FETCH if doc.stage == Stage.FETCH else Stage.PARSE
 
 
 def safe_doc_id(raw: str) -> str:

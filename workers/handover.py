@@ -20,6 +20,7 @@ from typing import Any
 from celery.exceptions import Retry as CeleryRetry
 
 from shared import blobs, tracing
+from shared.errors import TransientError
 from shared.ingest import STAGE_TASK, StageRef, hand_to_reconciler
 from shared.models import PIPELINE, Document, Stage, utcnow
 from shared.queue import enqueue, stage_queue
@@ -61,9 +62,11 @@ def drop_artifacts(ctx: WorkerContext, ref: StageRef, *, older: bool = True) -> 
 
 def stage_input(ctx: WorkerContext, item: ClaimedStage, files: contextlib.ExitStack) -> Any:
     """The stage's input: handed on in this task, or as the stage before left it in the blob store
-    (parse: the document's bytes)."""
+    (fetch: the document's URL; parse: the document's bytes)."""
     if item.artifact is not UNREAD:
         return item.artifact
+    if item.ref.stage == Stage.FETCH:
+        return item.claim.doc.url
     if item.ref.stage == Stage.PARSE:
         # A file of this host (the store may be a bucket), kept until the stage is done with it.
         return files.enter_context(ctx.blobs.local_file(item.claim.doc.content_hash))
@@ -117,6 +120,16 @@ def resend(ref: StageRef, send_again: Callable[[], object], registry: Callable[[
         hand_to_reconciler(registry(), ref)
 
 
+def _write(ctx: WorkerContext, claimed: Versioned, doc: Document, pin: str | None) -> Versioned:
+    """The fenced write of a hand-over; with `pin`, the bytes it names are held until it lands."""
+    if pin is None:
+        return ctx.registry.replace_doc(claimed, doc)
+    with ctx.blobs.pinned(pin):
+        if not ctx.blobs.exists(pin):  # a delete of the same bytes elsewhere removed them just now
+            raise TransientError("the fetched bytes met a delete of the same content; fetching again")
+        return ctx.registry.replace_doc(claimed, doc)
+
+
 def hand_over(
     ctx: WorkerContext,
     ref: StageRef,
@@ -127,7 +140,7 @@ def hand_over(
 ) -> ClaimedStage | None:
     """Record the stage's result and hand the document on: to the next stage's task, or (when it
     chains, given `stages`) to this task, returned claimed with its input."""
-    nxt = lifecycle.next_stage(ref.stage)
+    nxt = lifecycle.next_stage(ref.stage, result)
     if nxt is not None:
         ctx.blobs.put_artifact(artifact_key(ref, ref.stage), result.artifact)
     chains = nxt is not None and runs_here(ctx, claimed.doc, ref.stage, nxt, stages)
@@ -149,7 +162,7 @@ def hand_over(
             next_ref, Versioned(doc, claimed.seq_no, claimed.primary_term), result.artifact, tracing.carrier()
         )
     try:
-        written = ctx.registry.replace_doc(claimed, doc)
+        written = _write(ctx, claimed, doc, result.pin)
     except Conflict:
         # Superseded while working (a new version or a delete). The newer state wins; the
         # artifacts written above belong to this version only and are never read by another.

@@ -2,7 +2,10 @@
 
 Each function takes the document's record as read (and the time, passed in) and returns the
 record to write, or a decision saying what the runner must do; the runner does the I/O. The
-states: queued, then one status per stage (`STAGE_STATUS`), then ready, or failed. A stage is
+states: queued, then one status per stage (`STAGE_STATUS`), then ready, or failed. A version
+starts at its entry stage (fetch for a URL, parse for bytes: `Document.stage` says which, parse
+when unset); a stage may also end the pipeline early (a URL fetched again brought the bytes of
+the ready version: nothing to redo). A stage is
 claimed (claimed_by, a stage lease, attempts counted), run, and handed over to the next stage
 (unclaimed with a queue lease, or, when the task chains, claimed by it); a failure either
 releases the document for a retry or fails it. Fencing is by version: a delivery for another
@@ -17,7 +20,16 @@ from datetime import datetime, timedelta
 from typing import TYPE_CHECKING
 
 from shared.errors import ErrorCode, OutageError, RaglineError
-from shared.models import PIPELINE, STAGE_STATUS, DocStatus, Document, ErrorInfo, Stage
+from shared.models import (
+    ENTRY_STAGES,
+    PIPELINE,
+    STAGE_STATUS,
+    DocStatus,
+    Document,
+    ErrorInfo,
+    Stage,
+    entry_stage,
+)
 from workers.stages.base import BATCHED_STAGES, StageResult
 
 if TYPE_CHECKING:
@@ -41,13 +53,18 @@ class Policy:
 
 
 def status_before(stage: Stage) -> DocStatus:
-    """The status a document waits in for `stage`."""
-    return DocStatus.QUEUED if stage == Stage.PARSE else STAGE_STATUS[stage]
+    """The status a document waits in for `stage` before its claim moves it to the stage's own:
+    queued for an entry stage, else the stage's own, set by the hand-over (a parse after a fetch
+    waits in `parsing` too)."""
+    return DocStatus.QUEUED if stage in ENTRY_STAGES else STAGE_STATUS[stage]
 
 
-def next_stage(stage: Stage) -> Stage | None:
+def next_stage(stage: Stage, result: StageResult | None = None) -> Stage | None:
+    """The stage after `stage`; None when it was the last, or its `result` ended the pipeline."""
     position = PIPELINE.index(stage)
-    return PIPELINE[position + 1] if position + 1 < len(PIPELINE) else None
+    if (result is not None and result.finished) or position + 1 == len(PIPELINE):
+        return None
+    return PIPELINE[position + 1]
 
 
 def superseded(doc: Document | None, version: int) -> bool:
@@ -89,6 +106,8 @@ def claim(doc: Document | None, ref: StageRef, policy: Policy, now: datetime) ->
         return Skip("superseded")  # by a newer version, whose own pipeline runs
     if doc.status not in (status_before(ref.stage), STAGE_STATUS[ref.stage]):
         return Skip("moved on")  # already past this stage, failed or deleted
+    if doc.status == DocStatus.QUEUED and ref.stage != entry_stage(doc):
+        return Skip("not its entry stage")  # a URL's version has no bytes to parse before its fetch
     if doc.claimed_by is not None and doc.lease_until is not None and doc.lease_until > now:
         return Skip("claimed")  # another delivery holds a live lease
     taken = doc.model_copy()
@@ -199,14 +218,19 @@ def advance(
     chains: bool,
 ) -> HandOver:
     """Record the stage's result and hand the document on; `chains`: this task runs the next
-    stage itself (a hand-over that is then also that stage's claim)."""
-    nxt = next_stage(stage)
+    stage itself (a hand-over that is then also that stage's claim). A `finished` result makes
+    the document ready at once."""
+    nxt = next_stage(stage, result)
     chain = nxt is not None and chains
     # Into store the hand-over is written: a process that dies mid-store then leaves the document
     # at store (whose input is the embedded chunks) instead of at embed, and the store of a long
     # document, hundreds of chunks in bulk, is a stage worth seeing.
     deferred = (
-        chain and nxt not in BATCHED_STAGES and result.after is None and lease_outlasts_half(doc, policy, now)
+        chain
+        and nxt not in BATCHED_STAGES
+        and result.after is None
+        and result.pin is None
+        and lease_outlasts_half(doc, policy, now)
     )
     moved = doc.model_copy()
     for name, value in result.updates.items():

@@ -7,7 +7,7 @@ from typing import Any
 from shared.errors import RaglineError
 from shared.models import Document, Stage
 from workers.context import WorkerContext
-from workers.stages import chunk, embed, enrich, parse, pii, store
+from workers.stages import chunk, embed, enrich, fetch, parse, pii, store
 from workers.stages.base import BATCHED_STAGES, BatchFn, StageFn, StageResult, Stages
 
 
@@ -27,6 +27,7 @@ BATCH_FUNCTIONS: dict[Stage, BatchFn] = {Stage.EMBED: embed.run_batch, Stage.STO
 assert set(BATCH_FUNCTIONS) == BATCHED_STAGES, "the runner announces arrivals at exactly these stages"
 
 STAGE_FUNCTIONS: dict[Stage, StageFn] = {
+    Stage.FETCH: fetch.run,
     Stage.PARSE: parse.run,
     Stage.CHUNK: chunk.run,
     Stage.ENRICH: enrich.run,

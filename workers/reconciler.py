@@ -21,7 +21,7 @@ from typing import Any
 from shared import fairqueue
 from shared.erasure import finish_delete
 from shared.ingest import QUEUE_LEASE, STAGE_TASK, StageRef
-from shared.models import DocStatus, Document, Stage, utcnow
+from shared.models import ENTRY_STAGES, DocStatus, Document, Stage, utcnow
 from shared.queue import enqueue, stage_queue
 from shared.registry import Conflict, Versioned
 from workers import liveness
@@ -44,7 +44,7 @@ def resend_stuck(ctx: WorkerContext, found: Versioned) -> bool:
     """
     doc = found.doc
     stage = doc.stage or Stage.PARSE
-    through_lane = doc.queue == fairqueue.BULK_QUEUE and stage == Stage.PARSE
+    through_lane = doc.queue == fairqueue.BULK_QUEUE and stage in ENTRY_STAGES
     waiting = through_lane and fairqueue.is_waiting(
         ctx.redis, doc.tenant_id, doc.kb_id, doc.doc_id, doc.content_version
     )

@@ -90,6 +90,9 @@ DOCS_MAPPING: dict[str, Any] = {
         "mime_type": _keyword(),
         "filename": _keyword(),
         "source_uri": _keyword(),
+        "url": _keyword(),
+        "fetch": {"type": "object", "enabled": False},
+        "outcome": {"type": "keyword"},
         "title": {"type": "text"},
         # Caller metadata is kept verbatim; chunks carry a searchable copy.
         "metadata": {"type": "object", "enabled": False},

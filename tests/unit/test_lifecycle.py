@@ -10,7 +10,16 @@ import pytest
 
 from shared.errors import ErrorCode, OutageError, PermanentError, RaglineError, TransientError
 from shared.ingest import StageRef
-from shared.models import PIPELINE, STAGE_STATUS, DocStatus, Document, ErrorInfo, Stage
+from shared.models import (
+    ENTRY_STAGES,
+    PIPELINE,
+    STAGE_STATUS,
+    DocStatus,
+    Document,
+    ErrorInfo,
+    Stage,
+    entry_stage,
+)
 from workers import lifecycle
 from workers.lifecycle import GiveUp, HandOver, Policy, Skip, Take
 from workers.stages.base import BATCHED_STAGES, StageResult
@@ -21,6 +30,8 @@ POLICY = Policy(
 )
 LAST = PIPELINE[-1]
 NOT_LAST = PIPELINE[:-1]
+# Stages a hand-over moves a document into (never entered from `queued`).
+HANDED_TO = [stage for stage in PIPELINE if stage not in ENTRY_STAGES]
 
 
 def _doc(**fields: object) -> Document:
@@ -105,11 +116,43 @@ def test_a_claim_from_queued_records_the_transition() -> None:
     assert decision.doc.transitions == [{"status": "parsing", "at": NOW.isoformat()}]
 
 
-@pytest.mark.parametrize("stage", NOT_LAST[1:])
+@pytest.mark.parametrize("stage", [s for s in NOT_LAST if s not in ENTRY_STAGES])
 def test_a_claim_at_the_status_the_hand_over_left_adds_no_transition(stage: Stage) -> None:
     decision = lifecycle.claim(_waiting(stage), _ref(stage), POLICY, NOW)
     assert isinstance(decision, Take)
     assert decision.doc.transitions == []
+
+
+def test_parse_claims_what_fetch_handed_over_without_a_new_transition() -> None:
+    fetched = lifecycle.advance(
+        _claimed(Stage.FETCH), Stage.FETCH, StageResult("a"), 1.0, POLICY, NOW, chains=False
+    ).doc
+    assert (fetched.status, fetched.stage) == (DocStatus.PARSING, Stage.PARSE)
+    decision = lifecycle.claim(fetched, _ref(Stage.PARSE), POLICY, NOW)
+    assert isinstance(decision, Take)
+    assert decision.doc.transitions == fetched.transitions
+    assert (decision.doc.attempts, decision.doc.claimed_by) == (1, "me:1")
+
+
+def test_the_entry_stage_is_fetch_only_for_a_version_at_a_url() -> None:
+    assert entry_stage(_doc()) == Stage.PARSE
+    assert entry_stage(_doc(stage=Stage.FETCH)) == Stage.FETCH
+    assert entry_stage(_doc(stage=Stage.PARSE)) == Stage.PARSE
+    assert {lifecycle.status_before(s) for s in ENTRY_STAGES} == {DocStatus.QUEUED}
+
+
+@pytest.mark.parametrize("entry", sorted(ENTRY_STAGES))
+@pytest.mark.parametrize("stage", sorted(ENTRY_STAGES))
+def test_a_queued_version_is_claimed_only_by_its_entry_stage(entry: Stage, stage: Stage) -> None:
+    # A version by URL has no bytes to parse before its fetch; one of bytes has nothing to fetch.
+    queued = _doc(stage=Stage.FETCH if entry == Stage.FETCH else None)
+    decision = lifecycle.claim(queued, _ref(stage), POLICY, NOW)
+    if stage == entry:
+        assert isinstance(decision, Take)
+        assert (decision.doc.status, decision.doc.stage) == (STAGE_STATUS[stage], stage)
+        assert decision.doc.transitions == [{"status": STAGE_STATUS[stage].value, "at": NOW.isoformat()}]
+    else:
+        assert decision == Skip("not its entry stage")
 
 
 @pytest.mark.parametrize("stage", PIPELINE)
@@ -120,9 +163,9 @@ def test_a_claim_whose_lease_ran_out_is_taken_again_and_counted(stage: Stage) ->
     assert (decision.doc.attempts, decision.doc.claimed_by) == (2, "me:1")
 
 
-@pytest.mark.parametrize("stage", PIPELINE)
+@pytest.mark.parametrize("stage", [*HANDED_TO, Stage.PARSE])
 def test_attempts_restart_at_a_new_stage(stage: Stage) -> None:
-    before = PIPELINE[PIPELINE.index(stage) - 1] if stage != Stage.PARSE else None
+    before = PIPELINE[PIPELINE.index(stage) - 1] if stage not in ENTRY_STAGES else None
     doc = _waiting(stage, stage=before, attempts=3)
     decision = lifecycle.claim(doc, _ref(stage), POLICY, NOW)
     assert isinstance(decision, Take)
@@ -172,7 +215,9 @@ def test_a_delivery_for_another_version_does_nothing(stage: Stage) -> None:
 @pytest.mark.parametrize("stage", PIPELINE)
 @pytest.mark.parametrize("status", list(DocStatus))
 def test_a_delivery_for_a_stage_the_record_is_not_at_does_nothing(stage: Stage, status: DocStatus) -> None:
-    decision = lifecycle.claim(_doc(status=status), _ref(stage), POLICY, NOW)
+    # A record of the version's kind: one by URL starts at fetch, one of bytes at parse.
+    doc = _doc(status=status, stage=Stage.FETCH if stage == Stage.FETCH else None)
+    decision = lifecycle.claim(doc, _ref(stage), POLICY, NOW)
     if status in (lifecycle.status_before(stage), STAGE_STATUS[stage]):
         assert isinstance(decision, Take)
     else:
@@ -249,10 +294,37 @@ def test_a_chained_hand_over_is_the_next_stages_claim(stage: Stage, lease_left: 
     assert d.lease_until == (doc.lease_until if deferred else NOW + POLICY.stage_lease)
 
 
-def test_a_result_with_work_after_its_write_is_written_even_when_chained() -> None:
-    result = StageResult("a", after=lambda: None)
+@pytest.mark.parametrize(
+    "result", [StageResult("a", after=lambda: None), StageResult("a", pin="ab" * 32)], ids=["after", "pin"]
+)
+def test_a_result_with_work_after_its_write_or_bytes_to_hold_is_written_even_when_chained(
+    result: StageResult,
+) -> None:
     moved = lifecycle.advance(_claimed(Stage.PARSE), Stage.PARSE, result, 1.0, POLICY, NOW, chains=True)
     assert (moved.chains, moved.deferred) == (True, False)
+
+
+@pytest.mark.parametrize("stage", NOT_LAST)
+@pytest.mark.parametrize("chains", [False, True])
+def test_a_finished_result_makes_the_document_ready_at_once(stage: Stage, chains: bool) -> None:
+    # A URL fetched again that brought the bytes of the ready version: nothing later is redone.
+    doc = _claimed(stage, active_generation=3, chunk_count=12, timings={"parse": 1.0})
+    result = StageResult(artifact=None, finished=True, updates={"outcome": "unchanged"})
+    assert lifecycle.next_stage(stage, result) is None
+    moved = lifecycle.advance(doc, stage, result, 0.5, POLICY, NOW, chains=chains)
+    assert (moved.next, moved.chains, moved.deferred) == (None, False, False)
+    d = moved.doc
+    assert (d.status, d.stage, d.claimed_by, d.lease_until, d.progress, d.error) == (
+        DocStatus.READY,
+        None,
+        None,
+        None,
+        1.0,
+        None,
+    )
+    assert (d.active_generation, d.chunk_count, d.outcome) == (3, 12, "unchanged")
+    assert d.timings == {"parse": 1.0, stage.value: 0.5}
+    assert d.transitions[-1] == {"status": DocStatus.READY.value, "at": NOW.isoformat()}
 
 
 def test_half_a_stage_lease_left_is_not_more_than_half() -> None:

@@ -27,6 +27,12 @@ class StageResult:
     updates: dict[str, Any] = field(default_factory=dict)
     # Runs only after the registry recorded this result (e.g. retiring an old generation).
     after: Callable[[], None] | None = None
+    # No later stage has anything to do: the document is ready now (a URL fetched again brought
+    # the bytes of its ready version).
+    finished: bool = False
+    # The blob (sha256) the record names from this result on: held against removal until the
+    # record is written, as an upload's bytes are (shared/blobs.py `pinned`).
+    pin: str | None = None
 
 
 # A stage's input is what the stage before handed on (parse: the path of the document's bytes).
