@@ -122,8 +122,8 @@ def read_local_file(arguments: dict[str, Any]) -> dict[str, Any]:
     """`ingest` arguments with `path` replaced by the file's bytes and, unless given, its name."""
     out = dict(arguments)
     path = Path(os.path.expanduser(str(out.pop("path"))))
-    if out.get("content") is not None or out.get("content_base64") is not None:
-        raise ValueError("give path, content or content_base64, not several")
+    if any(out.get(other) is not None for other in ("content", "content_base64", "url")):
+        raise ValueError("give one of path, content, content_base64 and url, not several")
     if not path.is_file():  # a directory, a FIFO or a device would block or never end
         raise ValueError(f"{path} is not a regular file")
     with path.open("rb") as file:

@@ -71,9 +71,13 @@ class DocumentStatus(BaseModel):
     error: dict[str, Any] | None
     title: str | None
     filename: str | None
+    source_uri: str | None
     mime_type: str | None
     file_size: int
     content_version: int
+    outcome: str | None = Field(
+        None, description="What this version brought: created, updated, or unchanged (a URL fetched again)."
+    )
     chunk_count: int
     pii: dict[str, int]
     timings: dict[str, float]

@@ -1,6 +1,7 @@
-"""What an upload request carries, read from its body: one inline document as JSON, or files in a
-streamed multipart form. Reading is all the REST front does with an upload; sizes, ids, queues and
-bounds are the ingestor's (shared/ingest.py, shared/admission.py), the same for every front."""
+"""What an upload request carries, read from its body: one inline document (or a URL to fetch) as
+JSON, or files in a streamed multipart form. Reading is all the REST front does with an upload;
+sizes, ids, URL checks, queues and bounds are the ingestor's (shared/ingest.py,
+shared/admission.py), the same for every front."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from fastapi import Request
-from pydantic import BaseModel, Field, ValidationError
+from pydantic import BaseModel, Field, ValidationError, model_validator
 from starlette.concurrency import run_in_threadpool
 from starlette.datastructures import UploadFile
 
@@ -24,10 +25,18 @@ _MAX_FILES = 1000
 
 
 class InlineDocument(BaseModel):
-    """A document given as text in a JSON body."""
+    """A document given as text in a JSON body, or as a URL the worker fetches it from."""
 
     model_config = {"extra": "forbid"}
-    content: str = Field(min_length=1)
+    content: str | None = Field(None, min_length=1, description="The document as text (or give `url`).")
+    url: str | None = Field(
+        None,
+        min_length=1,
+        max_length=2048,
+        description="An http(s) URL the worker fetches the document from, instead of `content`; "
+        "addresses that are not public are refused (FETCH_REFUSED). The doc_id defaults to the "
+        "URL's host and path; filename and mime_type come from the answer.",
+    )
     filename: str | None = Field(None, max_length=500)
     doc_id: str | None = Field(None, min_length=1, max_length=200)
     mime_type: str | None = Field(None, max_length=200)
@@ -36,6 +45,14 @@ class InlineDocument(BaseModel):
     priority: Literal["interactive", "bulk"] | None = Field(
         None, description="Ask for the interactive queue, or opt out of it; admission decides."
     )
+
+    @model_validator(mode="after")
+    def _content_or_url(self) -> InlineDocument:
+        if (self.content is None) == (self.url is None):
+            raise ValueError("give exactly one of content and url")
+        if self.url is not None and (self.filename is not None or self.mime_type is not None):
+            raise ValueError("filename and mime_type come from the URL's answer; leave them out")
+        return self
 
 
 # The route reads the body itself (JSON or a streamed multipart form), so FastAPI cannot infer it:
@@ -86,7 +103,7 @@ async def read_upload(request: Request) -> AsyncIterator[UploadBody]:
         return
     if not content_type.startswith("multipart/form-data"):
         raise RaglineError(
-            "send multipart/form-data with `files`, or JSON with `content`",
+            "send multipart/form-data with `files`, or JSON with `content` or `url`",
             code=ErrorCode.UNSUPPORTED_MEDIA_TYPE,
         )
     form = await request.form(max_files=_MAX_FILES, max_fields=50)
@@ -100,12 +117,15 @@ async def _read_json(request: Request) -> UploadBody:
     # The body's size is bounded as it streams (services/api/app.py); parsing it takes long for a
     # big one, so it runs beside the event loop, which keeps serving other requests.
     body = await run_in_threadpool(_inline, await request.body())
-    upload = Upload(
-        body.content.encode(),
-        filename=body.filename or "content.txt",
-        mime_type=body.mime_type,
-        doc_id=body.doc_id,
-    )
+    if body.url is not None:
+        upload = Upload.of_url(body.url, doc_id=body.doc_id)
+    else:
+        upload = Upload(
+            (body.content or "").encode(),
+            filename=body.filename or "content.txt",
+            mime_type=body.mime_type,
+            doc_id=body.doc_id,
+        )
     return UploadBody(
         uploads=[upload],
         names=[body.filename],

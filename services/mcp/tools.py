@@ -13,7 +13,7 @@ import base64
 import binascii
 import time
 import uuid
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Annotated, Any
 
 from mcp.server.fastmcp import Context
@@ -27,6 +27,7 @@ from services.core.auth import Principal, Role, require
 from services.core.container import AppState
 from shared.catalog import BatchView, DocumentPage, DocumentStatus, DocumentText, KbView
 from shared.errors import ErrorCode, RaglineError
+from shared.ingest import Upload
 from shared.models import ID_PATTERN, DocStatus
 from shared.search.fusion import Fusion
 from shared.search.requests import Filters, Mode, SearchRequest, SearchResponse
@@ -168,36 +169,52 @@ async def ingest(
     content_base64: Annotated[
         str | None, Field(description="The file's bytes, base64 (PDF, DOCX, ...).")
     ] = None,
+    url: Annotated[
+        str | None,
+        Field(
+            min_length=1,
+            max_length=2048,
+            description="An http(s) URL the server fetches the document from (public addresses only).",
+        ),
+    ] = None,
     filename: Annotated[str | None, Field(max_length=255, description="Helps tell Markdown and CSV.")] = None,
     mime_type: Annotated[str | None, Field(max_length=200)] = None,
     doc_id: Annotated[
-        str | None, Field(min_length=1, max_length=200, description="Default: from filename.")
+        str | None, Field(min_length=1, max_length=200, description="Default: from filename or URL.")
     ] = None,
     metadata: Annotated[dict[str, Any] | None, Field(description="Filterable metadata.")] = None,
     wait_seconds: Annotated[float, Field(ge=0, le=600, description="Wait up to this long for ready.")] = 0,
 ) -> IngestResult:
-    """Add or update one document. Poll get_document_status afterwards, or set wait_seconds."""
+    """Add or update a document (text, base64 or URL). Poll get_document_status, or set wait_seconds."""
     principal = caller(ctx, Role.WRITE)
     state = services(ctx).state
-    data = _payload(content, content_base64, state.settings.api.max_file_bytes)
+    upload = _upload(content, content_base64, url, state.settings.api.max_file_bytes)
+    if url is None:
+        upload = replace(
+            upload, filename=filename or ("content.txt" if content else None), mime_type=mime_type
+        )
+    elif filename is not None or mime_type is not None:
+        raise RaglineError(
+            "filename and mime_type come from the URL's answer; leave them out",
+            code=ErrorCode.INVALID_ARGUMENT,
+        )
     batch_id = uuid.uuid4().hex
-    result = await run_in_threadpool(
-        state.ingestor.submit,
+    (result,) = await run_in_threadpool(
+        state.ingestor.submit_many,
         principal.tenant,
         kb_id,
-        data,
-        filename=filename or ("content.txt" if content else None),
-        mime_type=mime_type,
-        doc_id=doc_id,
+        [replace(upload, doc_id=doc_id)],
         metadata=metadata or {},
         batch_id=batch_id,
     )
     final = None
     if wait_seconds > 0:
         final = await _wait(ctx, state, principal.tenant, kb_id, result.doc_id, wait_seconds)
+    # A URL fetched again may find the bytes it had: the version then ends `unchanged`.
+    outcome = final.outcome if final is not None and final.outcome else result.outcome
     return IngestResult(
         doc_id=result.doc_id,
-        outcome=result.outcome,
+        outcome=outcome,
         status=final.status if final else result.status,
         content_version=result.content_version,
         batch_id=batch_id,
@@ -272,9 +289,17 @@ TOOLS: tuple[tuple[Any, ToolAnnotations], ...] = (
 )
 
 
+def _upload(content: str | None, content_base64: str | None, url: str | None, limit: int) -> Upload:
+    if sum(given is not None for given in (content, content_base64, url)) != 1:
+        raise RaglineError(
+            "give exactly one of content, content_base64 and url", code=ErrorCode.INVALID_ARGUMENT
+        )
+    if url is not None:
+        return Upload.of_url(url)
+    return Upload(_payload(content, content_base64, limit))
+
+
 def _payload(content: str | None, content_base64: str | None, limit: int) -> bytes:
-    if (content is None) == (content_base64 is None):
-        raise RaglineError("give exactly one of content or content_base64", code=ErrorCode.INVALID_ARGUMENT)
     if content is not None:
         data = content.encode()
     else:

@@ -195,6 +195,14 @@ def _is_host_name(name: str) -> bool:
     return 0 < len(name) <= 253 and all(_LABEL.match(label) for label in labels) and not labels[-1].isdigit()
 
 
+def _plain_host(url: str) -> str:
+    """The host as the standard library reads it, or "" where it cannot."""
+    try:
+        return urlsplit(url).hostname or ""
+    except ValueError:
+        return ""
+
+
 def _looks_numeric(host: str) -> bool:
     """Whether the system resolver would read `host` as an IPv4 address in some spelling."""
     try:
@@ -217,7 +225,7 @@ def check_url(url: str) -> Target:
         parsed = httpx.URL(url)
     except (httpx.InvalidURL, UnicodeError, ValueError):
         # httpx refuses some numeric spellings itself ("0177.0.0.1"): say what is wrong with them.
-        if _looks_numeric(urlsplit(url).hostname or ""):
+        if _looks_numeric(_plain_host(url)):
             raise refused(_NUMERIC_SPELLING) from None
         raise _invalid("is not a valid URL") from None
     if parsed.scheme not in SCHEMES:

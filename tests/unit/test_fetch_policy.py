@@ -196,6 +196,9 @@ def test_only_http_and_https_are_fetched(url: str) -> None:
         "http://" + "a" * 64 + ".example/",
         "http://example.com/" + "a" * 2048,
         "not a url",
+        "http://[]/",  # found by fuzzing: both URL parsers refuse these, neither may escape
+        "http://:[/",
+        "http://a:[]/",
     ],
 )
 def test_malformed_urls_are_invalid_arguments(url: str) -> None:

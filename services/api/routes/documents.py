@@ -42,7 +42,8 @@ class UploadResponse(BaseModel):
 
 @router.post("", status_code=202, response_model=UploadResponse, openapi_extra={"requestBody": OPENAPI_BODY})
 async def upload(kb_id: str, request: Request, state: State, who: Writer) -> UploadResponse:
-    """Accept one or more files (multipart field `files`) or inline `content` (JSON)."""
+    """Accept one or more files (multipart field `files`), inline `content` (JSON), or a `url` the
+    worker fetches (JSON)."""
     await run_in_threadpool(state.registry.get_kb, who.tenant, kb_id)
     async with read_upload(request) as body:
         results = await run_in_threadpool(
