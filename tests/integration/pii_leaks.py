@@ -62,18 +62,21 @@ def blob_store_leaks(settings: Settings, values: list[str]) -> list[str]:
 
 
 def _stored(settings: Settings) -> Iterator[tuple[str, bytes]]:
-    roots = [settings.state_dir / "blobstore", settings.state_dir / "blob-scratch"]
-    for root in roots:
+    """Each stored thing with its name in the store (`blobs/...`, `artifacts/...`, `tmp/...`), and
+    each local copy of a blob (`scratch/...`)."""
+    roots = {"": settings.state_dir / "blobstore", "scratch/": settings.state_dir / "blob-scratch"}
+    for label, root in roots.items():
         for path in sorted(p for p in root.rglob("*") if p.is_file()):
-            yield str(path.relative_to(settings.state_dir)), _read(path)
+            yield f"{label}{path.relative_to(root)}", _read(path)
     if settings.blobs.url is not None:
         client = s3.make_client(endpoint_of(settings.blobs))
         bucket, prefix = settings.blobs.bucket, settings.blobs.prefix
         for item in s3.list_objects(client, bucket, prefix, "the test's blob store"):
             try:
-                yield item.key, s3.read_object(client, bucket, item.key, "the test's blob store")
+                data = s3.read_object(client, bucket, item.key, "the test's blob store")
             except FileNotFoundError:  # removed meanwhile by another test's worker
                 continue
+            yield item.key.removeprefix(prefix), data
 
 
 def _read(path: Path) -> bytes:
