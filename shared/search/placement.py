@@ -1,7 +1,8 @@
 """Where a knowledge base's chunks live: a per-KB alias over one physical chunk index.
 
 Every KB has its own alias, `<prefix>-chunks-kb-<hash>`. A new KB's alias is a filtered alias over
-the shared index of the default model (the index `<prefix>-chunks` names). `ragline kb reembed`
+the shared index of the default model in the current layout (the write index of `<prefix>-chunks`);
+a KB made before that layout stays on the earlier shared index (shared/search/schema.py). `ragline kb reembed`
 moves a KB to an index of its own for the new model, `<prefix>-chunks-<model>-kb-<hash>-v<n>`:
 while it copies, the new index carries the KB's "next" alias, and one `_aliases` call then moves
 the KB's alias onto it and drops the "next" alias.
@@ -26,7 +27,7 @@ from opensearchpy import OpenSearch
 from opensearchpy.exceptions import NotFoundError
 
 from shared.config import Settings
-from shared.search.schema import chunks_alias, chunks_index
+from shared.search.schema import chunks_alias, chunks_index, earlier_shared_indexes
 
 _models: dict[str, tuple[str, int]] = {}  # physical index -> (model, dimension); never changes
 # Remembered placements: 2 s is far under the reembed swap grace (10 s, workers/reembed.py), and
@@ -94,11 +95,15 @@ def aliased(client: OpenSearch, aliases: list[str]) -> dict[str, str]:
 
 
 def attach_to_default(client: OpenSearch, settings: Settings, kbs: list[tuple[str, str]]) -> None:
-    """Give KBs without an alias one over the shared index (new KBs, and KBs older than aliases)."""
-    index = chunks_index(settings, settings.embedding.model)
-    actions = [
-        {"add": {"index": index, "alias": kb_alias(settings, t, k), "filter": kb_scope(t, k)}} for t, k in kbs
-    ]
+    """Give KBs without an alias one over a shared index: new KBs the current layout's, and KBs
+    older than aliases the earlier layout's index that holds their chunks."""
+    current = chunks_index(settings, settings.embedding.model)
+    earlier = earlier_shared_indexes(client, settings)
+    actions = []
+    for t, k in kbs:
+        scope = kb_scope(t, k)
+        holder = next((i for i in earlier if client.count(index=i, body={"query": scope})["count"]), current)
+        actions.append({"add": {"index": holder, "alias": kb_alias(settings, t, k), "filter": scope}})
     if actions:
         swap_alias(client, actions)
 

@@ -34,7 +34,17 @@ def chunks_alias(settings: Settings) -> str:
     return f"{settings.opensearch.index_prefix}-chunks"
 
 
-def chunks_index(settings: Settings, model: str, version: int = 1) -> str:
+# The chunk index layout new indexes get. Layout 2 keeps vectors out of `_source` and out of doc
+# values (the vector files hold them; only the k-NN arms read them) and compresses stored fields
+# with DEFLATE. Neither `_source` nor the codec can change on a live index, so the shared index of
+# a model is a new index per layout: `ensure_indexes` creates it beside the earlier one, which
+# keeps serving the knowledge bases already in it.
+LAYOUT = 2
+VECTOR_FIELDS = ["embedding", "document_embedding"]
+
+
+def chunks_index(settings: Settings, model: str, version: int = LAYOUT) -> str:
+    """The shared chunk index of `model`: the one of the current layout unless `version` says."""
     slug = re.sub(r"[^a-z0-9]+", "-", model.lower()).strip("-")
     return f"{chunks_alias(settings)}-{slug}-v{version}"
 
@@ -113,9 +123,11 @@ DOCS_MAPPING: dict[str, Any] = {
 
 
 def _vector_field(settings: Settings, dimension: int) -> dict[str, Any]:
+    # No doc values: they are a third copy of each vector, read only by scripts, which no query uses.
     return {
         "type": "knn_vector",
         "dimension": dimension,
+        "doc_values": False,
         "method": {
             "name": "hnsw",
             "engine": "lucene",
@@ -131,7 +143,8 @@ def _vector_field(settings: Settings, dimension: int) -> dict[str, Any]:
 def document_mapping(settings: Settings, dimension: int) -> dict[str, Any]:
     """Whole-document fields, set on a document's first chunk only: the document ranking arms."""
     return {
-        "document_text": {"type": "text", "analyzer": "english"},
+        # BM25 needs term frequencies, not positions: no phrase query runs on a document's text.
+        "document_text": {"type": "text", "analyzer": "english", "index_options": "freqs"},
         "document_embedding": _vector_field(settings, dimension),
     }
 
@@ -155,6 +168,10 @@ def chunks_mapping(settings: Settings, model: str, dimension: int) -> dict[str, 
         "dynamic": "strict",
         # Which model made the vectors: readers pick the query encoder from the index they query.
         "_meta": {"embedding_model": model, "embedding_dimension": dimension},
+        # Vectors as JSON arrays were most of each chunk's bytes. Nothing reads them back: the search
+        # arms query the vector files, a reembed encodes the stored text again, and the store stage
+        # builds a document's mean vector from the vectors it is writing.
+        "_source": {"excludes": VECTOR_FIELDS},
         "properties": {
             "tenant_id": {"type": "keyword"},
             "kb_id": {"type": "keyword"},
@@ -189,14 +206,23 @@ def ensure_indexes(client: OpenSearch, settings: Settings) -> None:
             client.indices.put_mapping(index=name, body={"properties": mapping["properties"]})
     alias = chunks_alias(settings)
     model, dimension = settings.embedding.model, settings.embedding.dimension
-    physical = chunks_index(settings, model)
-    if not client.indices.exists_alias(name=alias):
-        create_index(client, physical, chunk_index_body(settings, model, dimension, {alias: {}}))
-    elif client.indices.exists(index=physical):
+    for earlier in earlier_shared_indexes(client, settings):
         # Indexes made before `_meta` existed learn their model (mapping `_meta` can always change).
         meta = {"embedding_model": model, "embedding_dimension": dimension}
-        client.indices.put_mapping(index=physical, body={"_meta": meta})
+        client.indices.put_mapping(index=earlier, body={"_meta": meta})
+    # The alias spans every shared index of the model, the current layout's as its write index.
+    # New knowledge bases go to that one; those already in an earlier one stay and are served
+    # there (shared/search/placement.py), until a reembed moves them (docs/operations.md).
+    body = chunk_index_body(settings, model, dimension, {alias: {"is_write_index": True}})
+    create_index(client, chunks_index(settings, model), body)
     upgrade_chunk_indexes(client, settings)
+
+
+def earlier_shared_indexes(client: OpenSearch, settings: Settings) -> list[str]:
+    """The default model's shared chunk indexes of earlier layouts that exist, oldest first."""
+    model = settings.embedding.model
+    names = [chunks_index(settings, model, version) for version in range(1, LAYOUT)]
+    return [name for name in names if client.indices.exists(index=name)]
 
 
 def upgrade_chunk_indexes(client: OpenSearch, settings: Settings) -> None:
@@ -255,6 +281,8 @@ def chunk_index_body(
                 "number_of_shards": settings.opensearch.shards,
                 "number_of_replicas": settings.opensearch.replicas,
                 "refresh_interval": settings.opensearch.refresh_interval,
+                # `_source` is read for the few hits an answer fetches, and in a reembed's scroll.
+                "codec": "best_compression",
             }
         },
         "mappings": chunks_mapping(settings, model, dimension),

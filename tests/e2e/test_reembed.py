@@ -18,7 +18,6 @@ from collections import Counter
 from typing import Any
 
 import httpx
-import numpy as np
 import pytest
 from opensearchpy import OpenSearch
 
@@ -26,8 +25,9 @@ from shared.config import Settings
 from shared.embedding import embedded_text, encoder, for_model
 from shared.search.client import build_client
 from shared.search.placement import kb_alias, kb_index_pattern, kb_scope, resolve
-from shared.search.schema import chunks_index
+from shared.search.schema import VECTOR_FIELDS, chunks_index
 from tests.e2e.helpers import RAGLINE, Server, tenant_of, wait_ready
+from tests.integration.stored_vectors import chunk_filter, mean_direction, stored_cosine
 
 pytestmark = pytest.mark.e2e
 
@@ -110,25 +110,35 @@ def _check_vectors(client: OpenSearch, settings: Settings, tenant: str, kb: str,
     model_encoder = encoder(for_model(settings.embedding, model))
     mapping = client.indices.get_mapping(index=placement.index)[placement.index]["mappings"]
     assert mapping["properties"]["embedding"]["dimension"] == model_encoder.dimension
-    chunks = _chunks(client, kb_alias(settings, tenant, kb), tenant, kb)
-    stored = np.array([c["embedding"] for c in chunks], dtype=np.float32)
+    alias = kb_alias(settings, tenant, kb)
+    chunks = _chunks(client, alias, tenant, kb)
+    # Vectors are kept out of `_source`: the k-NN search scores each stored one against a fresh
+    # encoding of its chunk's text (tests/integration/stored_vectors.py).
+    assert not any(field in c for c in chunks for field in VECTOR_FIELDS)
     fresh = model_encoder.encode([embedded_text(c) for c in chunks])
-    cosines = (stored * fresh).sum(axis=1) / np.linalg.norm(stored, axis=1)
-    print(
-        f"{model}: {len(chunks)} chunks in {placement.index}, "
-        f"cosine to a fresh encoding min {cosines.min():.6f}"
-    )
-    assert stored.shape[1] == model_encoder.dimension
-    assert cosines.min() > 0.999
-    # Each document's first chunk carries the normalized mean of its chunks' vectors in this model.
-    by_document: dict[tuple[str, int], list[dict[str, Any]]] = {}
-    for chunk in chunks:
-        by_document.setdefault((chunk["doc_id"], chunk["generation"]), []).append(chunk)
+    cosines = [
+        stored_cosine(client, alias, "embedding", chunk_filter(tenant, kb, c), vector)
+        for c, vector in zip(chunks, fresh, strict=True)
+    ]
+    lowest = min(c or 0.0 for c in cosines)
+    print(f"{model}: {len(chunks)} chunks in {placement.index}, cosine to a fresh encoding min {lowest:.6f}")
+    assert lowest > 0.999
+    # Each document's first chunk, and no other, carries the normalized mean of its chunks' vectors
+    # in this model.
+    by_document: dict[tuple[str, int], list[tuple[dict[str, Any], Any]]] = {}
+    for chunk, vector in zip(chunks, fresh, strict=True):
+        by_document.setdefault((chunk["doc_id"], chunk["generation"]), []).append((chunk, vector))
     for key, members in by_document.items():
-        carriers = [c for c in members if "document_embedding" in c]
-        assert [c["chunk_idx"] for c in carriers] == [min(c["chunk_idx"] for c in members)], key
-        mean = np.mean([c["embedding"] for c in members], axis=0)
-        assert np.allclose(carriers[0]["document_embedding"], mean / np.linalg.norm(mean), atol=1e-4), key
+        mean = mean_direction([vector for _, vector in members])
+        cosines = [
+            stored_cosine(client, alias, "document_embedding", chunk_filter(tenant, kb, c), mean)
+            for c, _ in members
+        ]
+        carriers = [
+            c["chunk_idx"] for (c, _), cosine in zip(members, cosines, strict=True) if cosine is not None
+        ]
+        assert carriers == [min(c["chunk_idx"] for c, _ in members)], key
+        assert max(c or 0.0 for c in cosines) > 0.999, key
     mapping_of_document = mapping["properties"]["document_embedding"]
     assert mapping_of_document["dimension"] == model_encoder.dimension
     return placement.index

@@ -6,12 +6,11 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-import numpy as np
 import pytest
 from opensearchpy import OpenSearch
 
 from shared.config import Settings
-from shared.embedding import token_counter
+from shared.embedding import embedded_text, encoder, token_counter
 from shared.ingest import Ingestor
 from shared.models import DocStatus, KnowledgeBase, Outcome
 from shared.registry import Registry, doc_key
@@ -20,6 +19,7 @@ from shared.search.schema import chunks_alias, docs_index
 from shared.search.searcher import Searcher
 from tests.fixtures import samples
 from tests.integration.helpers import chunks_of, new_kb, wait_terminal
+from tests.integration.stored_vectors import chunk_filter, mean_direction, stored_cosine
 
 pytestmark = pytest.mark.integration
 
@@ -91,7 +91,13 @@ def test_chunks_carry_vectors_pages_and_headings(
     for name, (_, phrase) in data["files"].items():
         chunks = chunks_of(opensearch, settings, kb, name)
         assert len(chunks) == data["docs"][name].chunk_count
-        assert all(len(c["embedding"]) == 384 for c in chunks)
+        # The vectors live in the vector files only: each is its chunk's text encoded by the model.
+        assert not any("embedding" in c or "document_embedding" in c for c in chunks), name
+        fresh = encoder(settings.embedding).encode([embedded_text(c) for c in chunks])
+        for chunk, vector in zip(chunks, fresh, strict=True):
+            where = chunk_filter(kb.tenant_id, kb.kb_id, chunk)
+            cosine = stored_cosine(opensearch, chunks_alias(settings), "embedding", where, vector)
+            assert (cosine or 0.0) > 0.999, (name, chunk["chunk_idx"], cosine)
         assert phrase.lower() in " ".join(c["text"] for c in chunks).lower(), name
         if name in PAGED:
             assert all(isinstance(c["page_num"], int) and c["page_num"] >= 1 for c in chunks), name
@@ -111,9 +117,22 @@ def test_first_chunk_carries_the_whole_documents_text_and_mean_vector(
     for name in data["files"]:
         first, *rest = chunks_of(opensearch, settings, kb, name)
         assert first["document_text"] == "\n\n".join(c["text"] for c in [first, *rest]), name
-        mean = np.mean([c["embedding"] for c in [first, *rest]], axis=0)
-        assert np.allclose(first["document_embedding"], mean / np.linalg.norm(mean), atol=1e-5), name
-        assert not any("document_text" in c or "document_embedding" in c for c in rest), name
+        assert not any("document_text" in c for c in rest), name
+        fresh = encoder(settings.embedding).encode([embedded_text(c) for c in [first, *rest]])
+        mean = mean_direction(fresh)
+        # The mean vector is on the first chunk and on no other: a document's vector lives once.
+        cosines = {
+            c["chunk_idx"]: stored_cosine(
+                opensearch,
+                chunks_alias(settings),
+                "document_embedding",
+                chunk_filter(kb.tenant_id, kb.kb_id, c),
+                mean,
+            )
+            for c in [first, *rest]
+        }
+        assert [i for i, cosine in cosines.items() if cosine is not None] == [first["chunk_idx"]], name
+        assert (cosines[first["chunk_idx"]] or 0.0) > 0.999, (name, cosines)
 
 
 def test_no_chunk_exceeds_the_models_max_sequence_length(
@@ -211,11 +230,17 @@ def test_delete_removes_every_chunk_from_bm25_and_knn(
         kb.tenant_id, kb.kb_id, b"The okapi lives in the Ituri rainforest.\n", filename="okapi.txt"
     )
     assert wait_terminal(registry, kb, ["okapi.txt"])["okapi.txt"].status == DocStatus.READY
-    vector = chunks_of(opensearch, settings, kb, "okapi.txt")[0]["embedding"]
+    vector = encoder(settings.embedding).encode(
+        [embedded_text(chunks_of(opensearch, settings, kb, "okapi.txt")[0])]
+    )[0]
     deleted = ingestor.delete(kb.tenant_id, kb.kb_id, "okapi.txt")
     assert deleted.status == DocStatus.DELETED
     assert _search_text(opensearch, settings, kb, "okapi rainforest") == []
-    knn = {"knn": {"embedding": {"vector": vector, "k": 10, "filter": {"term": {"tenant_id": kb.tenant_id}}}}}
+    knn = {
+        "knn": {
+            "embedding": {"vector": vector.tolist(), "k": 10, "filter": {"term": {"tenant_id": kb.tenant_id}}}
+        }
+    }
     hits = opensearch.search(index=chunks_alias(settings), body={"query": knn})["hits"]["hits"]
     assert hits == []
     assert registry.require_doc(kb.tenant_id, kb.kb_id, "okapi.txt").doc.status == DocStatus.DELETED
