@@ -7,7 +7,10 @@ reason that never repeats the token.
 
 The JWKS is fetched when first needed and kept for `jwks_cache_s`. A token signed with a key id
 the cache does not know makes one early fetch (the issuer rotated its keys), at most once per
-`jwks_refetch_s`: random key ids must not turn every request into a request to the issuer.
+`jwks_refetch_s`: random key ids must not turn every request into a request to the issuer. The
+same guard holds after a failed fetch (the last good keys serve meanwhile), so an issuer that is
+down is not asked once per request, and requests do not queue behind one slow fetch after another.
+A fetch as a whole has a deadline and a size cap: every token check waits on it.
 """
 
 from __future__ import annotations
@@ -17,7 +20,7 @@ import json
 import re
 import time
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeGuard
 
 import httpx
 import jwt
@@ -26,7 +29,8 @@ from services.core.auth import Principal, Role
 from shared.config import OAuthSettings
 from shared.errors import ErrorCode, RaglineError
 
-FETCH_TIMEOUT_S = 5.0
+FETCH_TIMEOUT_S = 5.0  # each connect or read
+FETCH_DEADLINE_S = 10.0  # the whole fetch: a server that drips bytes never trips a read timeout
 MAX_TOKEN_CHARS = 16_384
 MAX_JWKS_BYTES = 1 << 20
 TENANT_PATTERN = r"^[a-z0-9][a-z0-9_-]{0,62}$"
@@ -37,6 +41,12 @@ def looks_like_jwt(token: str) -> bool:
     """A compact JWS (three base64url parts), which no API key of ours is."""
     parts = token.split(".")
     return len(parts) == 3 and token.startswith("eyJ")
+
+
+def is_tenant(value: Any) -> TypeGuard[str]:
+    """A tenant id as API keys may name one: the whole value matches (re.match's `$` would let a
+    trailing newline through, and a tenant that no key can name)."""
+    return isinstance(value, str) and re.fullmatch(TENANT_PATTERN, value) is not None
 
 
 def refused(reason: str) -> RaglineError:
@@ -73,6 +83,8 @@ class IssuerKeys:
         self.settings = settings
         self._keys: dict[str | None, SigningKey] = {}
         self._fetched_at = float("-inf")
+        self._attempted_at = float("-inf")  # the last fetch, whether it succeeded or not
+        self._unreadable: str | None = None  # why the last fetch failed, until one succeeds
         self._jwks_url = settings.jwks_url
         self._lock = asyncio.Lock()
 
@@ -80,12 +92,13 @@ class IssuerKeys:
         now = time.monotonic()
         stale = now - self._fetched_at > self.settings.jwks_cache_s
         guard = min(self.settings.jwks_refetch_s, self.settings.jwks_cache_s)
-        unknown = self._find(kid) is None and now - self._fetched_at > guard
-        if stale or unknown:
+        if (stale or self._find(kid) is None) and now - self._attempted_at > guard:
             async with self._lock:
-                if time.monotonic() - self._fetched_at > guard:
+                if time.monotonic() - self._attempted_at > guard:
                     await self._refresh()
         found = self._find(kid)
+        if found is None and not self._keys and self._unreadable is not None:
+            raise RaglineError(self._unreadable, code=ErrorCode.UNAVAILABLE)
         if found is None:
             raise refused("it is signed with a key the issuer does not publish")
         return found
@@ -96,31 +109,37 @@ class IssuerKeys:
         return self._keys.get(kid)
 
     async def _refresh(self) -> None:
+        self._attempted_at = time.monotonic()
         try:
-            async with httpx.AsyncClient(timeout=FETCH_TIMEOUT_S, follow_redirects=False) as client:
+            async with (
+                asyncio.timeout(FETCH_DEADLINE_S),
+                httpx.AsyncClient(timeout=FETCH_TIMEOUT_S, follow_redirects=False) as client,
+            ):
                 if self._jwks_url is None:
                     self._jwks_url = await self._discover(client)
                 document = await _json(client, self._jwks_url)
-        except (httpx.HTTPError, ValueError) as error:
+            entries = document.get("keys") if isinstance(document, dict) else None
+            if not isinstance(entries, list):
+                raise ValueError("the document is no JWKS")
+        except (httpx.HTTPError, ValueError, TimeoutError) as error:
+            self._unreadable = f"the authorization server's keys cannot be read ({type(error).__name__})"
             if self._keys:
                 return  # keep the last good keys while the issuer is unreachable
-            raise RaglineError(
-                f"the authorization server's keys cannot be read ({type(error).__name__})",
-                code=ErrorCode.UNAVAILABLE,
-            ) from None
+            raise RaglineError(self._unreadable, code=ErrorCode.UNAVAILABLE) from None
         keys: dict[str | None, SigningKey] = {}
-        for entry in document.get("keys", []) if isinstance(document, dict) else []:
+        for entry in entries:
             if not isinstance(entry, dict) or entry.get("use", "sig") != "sig":
                 continue
+            kid, declared = entry.get("kid"), entry.get("alg")
+            if not isinstance(kid, str | None) or not isinstance(declared, str | None):
+                continue  # a malformed entry: the others still count
             try:
-                declared = entry.get("alg")
-                keys[entry.get("kid")] = SigningKey(
-                    jwt.PyJWK(entry), declared if isinstance(declared, str) else None
-                )
+                keys[kid] = SigningKey(jwt.PyJWK(entry), declared)
             except jwt.PyJWTError:
                 continue  # a key type or curve this build cannot use: the others still count
         self._keys = keys
         self._fetched_at = time.monotonic()
+        self._unreadable = None
 
     async def _discover(self, client: httpx.AsyncClient) -> str:
         """The issuer's `jwks_uri`, from its RFC 8414 metadata or its OpenID configuration."""
@@ -142,11 +161,18 @@ class IssuerKeys:
 
 
 async def _json(client: httpx.AsyncClient, url: str) -> Any:
-    response = await client.get(url, headers={"accept": "application/json"})
-    response.raise_for_status()
-    if len(response.content) > MAX_JWKS_BYTES:
-        raise ValueError("the document is too large")
-    return json.loads(response.content)
+    """The JSON document at `url`, read no further than MAX_JWKS_BYTES (ValueError beyond)."""
+    body = bytearray()
+    async with client.stream("GET", url, headers={"accept": "application/json"}) as response:
+        response.raise_for_status()
+        async for chunk in response.aiter_bytes():
+            body.extend(chunk)
+            if len(body) > MAX_JWKS_BYTES:
+                raise ValueError("the document is too large")
+    try:
+        return json.loads(body)
+    except RecursionError:
+        raise ValueError("the document nests too deep") from None
 
 
 class AccessTokens:
@@ -196,7 +222,7 @@ class AccessTokens:
 
     def _principal(self, claims: dict[str, Any]) -> Principal:
         tenant = claims.get(self.settings.tenant_claim)
-        if not isinstance(tenant, str) or not re.match(TENANT_PATTERN, tenant):
+        if not is_tenant(tenant):
             raise refused(f"its {self.settings.tenant_claim} claim names no valid tenant")
         role = role_of(claims.get(self.settings.role_claim))
         if role is None and self.settings.default_role is not None:

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 from pydantic import ValidationError
 
-from services.core.access_tokens import looks_like_jwt, role_of
+from services.core.access_tokens import is_tenant, looks_like_jwt, role_of
 from services.core.auth import Role
 from services.core.identity import metadata_path
 from shared.config import OAuthSettings
@@ -32,6 +32,26 @@ from shared.config import OAuthSettings
 )
 def test_the_highest_role_a_claim_grants(claim: object, role: Role | None) -> None:
     assert role_of(claim) == role
+
+
+@pytest.mark.parametrize(
+    ("claim", "valid"),
+    [
+        ("acme", True),
+        ("a" * 63, True),
+        ("acme-2_b", True),
+        ("acme\n", False),  # re.match's `$` matches before a trailing newline
+        ("acme\r", False),
+        ("a" * 64, False),
+        ("Acme", False),
+        ("../acme", False),
+        ("", False),
+        (["acme"], False),
+        (5, False),
+    ],
+)
+def test_a_tenant_claim_is_a_whole_tenant_id(claim: object, valid: bool) -> None:
+    assert is_tenant(claim) is valid
 
 
 def test_a_jwt_is_told_from_an_api_key() -> None:
