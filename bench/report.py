@@ -68,6 +68,12 @@ def targets(r: dict[str, Any]) -> list[str]:
             ">= 0.75 and above both",
         ),
         _target(
+            "chunk index bytes a chunk (force-merged)",
+            r["index"]["bytes_per_chunk"] <= 8192,
+            f"{r['index']['bytes_per_chunk'] / 1024:.1f} KiB",
+            "<= 8 KiB",
+        ),
+        _target(
             "worker RSS last quarter / first",
             growth is not None and abs(growth) <= 0.10,
             f"{growth:+.1%}" if growth is not None else "n/a",
@@ -90,6 +96,41 @@ def _plot(path: Path, title: str, labels: list[str], series: dict[str, list[floa
     plt.close(fig)
 
 
+PART_NAMES = {
+    "stored_fields": "stored fields (`_source`, `_id`)",
+    "postings": "postings (BM25 text, keyword terms)",
+    "doc_values": "doc values (keys, sorts)",
+    "norms": "norms",
+    "points": "points (numbers, dates)",
+    "vectors_and_graphs": "k-NN vectors and HNSW graphs",
+    "segment_info": "field and segment info",
+    "other": "other files",
+}
+
+
+def index_parts(index: dict[str, Any]) -> list[str]:
+    """The chunk index's bytes a chunk, by part, as a table."""
+    lines = [
+        f"`{index['index']}`: {index['chunks_in_index']} chunks, force-merged to one segment, "
+        f"{index['bytes_per_chunk']} bytes a chunk.",
+        "",
+        "| part | bytes a chunk |",
+        "|---|---|",
+    ]
+    parts = sorted(index["bytes_per_chunk_by_part"].items(), key=lambda item: -item[1])
+    lines += [f"| {PART_NAMES.get(part, part)} | {size} |" for part, size in parts]
+    lines += [
+        f"| of the k-NN part, the float32 vectors themselves | {index['float32_vector_bytes_per_chunk']} |",
+        "",
+    ]
+    if not index["recovery_sources_dropped"]:
+        lines.append(
+            "The shards' retention leases had not passed every write before the merge: stored fields "
+            "still hold the recovery copy of each `_source` (vectors included)."
+        )
+    return lines
+
+
 def scale_note(r: dict[str, Any]) -> list[str]:
     """How the measured figures extrapolate to 10 M chunks, many OpenSearch nodes and N worker hosts."""
     index, ingest = r["index"], r["ingest"]
@@ -97,8 +138,9 @@ def scale_note(r: dict[str, Any]) -> list[str]:
     per_process = ingest["pii_off"]["chunks_per_s"] / ingest["workers"]
     vectors_gb = 10_000_000 * 384 * 4 / 2**30
     return [
-        f"Measured: {per_chunk / 1024:.1f} KiB of index per chunk (one primary, force-merged; vectors, BM25 "
-        "postings and `_source`, with each document's text and mean vector on its first chunk), so "
+        f"Measured: {per_chunk / 1024:.1f} KiB of index per chunk (one primary, force-merged; vectors and "
+        "graphs, BM25 postings and `_source` without the vectors, with each document's text and mean "
+        "vector on its first chunk), so "
         f"10 M chunks take about {per_chunk * 1e7 / 2**30:.0f} GiB per copy, "
         f"{2 * per_chunk * 1e7 / 2**30:.0f} GiB with one replica. The raw float32 vectors alone are "
         f"{vectors_gb:.1f} GiB; Lucene's HNSW graph is searched from the page cache, so the data nodes "
@@ -280,9 +322,7 @@ def write_report(r: dict[str, Any], path: Path, plots: Path) -> None:
         "",
         "## Index size and scale",
         "",
-        "```",
-        str(r.get("index")),
-        "```",
+        *index_parts(r["index"]),
         "",
         *scale_note(r),
         "",

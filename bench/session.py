@@ -20,6 +20,7 @@ from client.bulk import load
 from client.http import Remote
 from shared.config import Settings
 from shared.search import chunk_index
+from shared.search.placement import resolve
 from shared.search.schema import chunks_alias
 from shared.wiring import build_services
 
@@ -154,7 +155,23 @@ class Bench:
         with ThreadPoolExecutor(max_workers=concurrency) as pool:
             return list(pool.map(one, calls))
 
-    def index_size(self) -> dict[str, Any]:
-        chunks, size = chunk_index.merged_size(self.client, self.settings)
-        count = max(1, chunks)
-        return {"chunks_in_index": count, "bytes": size, "bytes_per_1000_chunks": round(size / count * 1000)}
+    def index_size(self, kb: str) -> dict[str, Any]:
+        """The bytes a chunk of the index that holds `kb`, force-merged, in all and by part."""
+        tenant = chunk_index.kb_tenant(self.client, self.settings, kb)
+        index = resolve(self.client, self.settings, [(tenant, kb)])[(tenant, kb)].index
+        merged = chunk_index.merged_parts(self.client, index)
+        count = max(1, merged["chunks"])
+        per_chunk = {part: round(size / count) for part, size in merged["parts"].items()}
+        vectors = round(merged["float32_vector_bytes"] / count)
+        return {
+            "index": index,
+            "chunks_in_index": count,
+            "bytes": merged["bytes"],
+            "bytes_per_1000_chunks": round(merged["bytes"] / count * 1000),
+            "bytes_per_chunk": round(merged["bytes"] / count),
+            "bytes_per_chunk_by_part": per_chunk,
+            # The float32 vectors themselves (chunks' and first chunks' document vectors); the rest
+            # of `vectors_and_graphs` is the HNSW graphs.
+            "float32_vector_bytes_per_chunk": vectors,
+            "recovery_sources_dropped": merged["leases_passed"],
+        }

@@ -61,5 +61,5 @@ def ingest_figures(
         "workers": workers,
     }
     bench.results["memory"] = rss.summary()
-    bench.results["index"] = bench.index_size()
+    bench.results["index"] = bench.index_size(kb_off)
     return kb_off, files

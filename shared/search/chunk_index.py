@@ -23,7 +23,7 @@ from opensearchpy.exceptions import TransportError
 
 from shared.config import Settings
 from shared.errors import ErrorCode, PermanentError, RaglineError, TransientError
-from shared.search.placement import kb_scope
+from shared.search.placement import index_model, kb_scope
 from shared.search.schema import chunks_alias
 
 log = logging.getLogger(__name__)
@@ -231,9 +231,77 @@ def kb_chunk_texts(client: OpenSearch, settings: Settings, kb_id: str) -> list[s
     return texts
 
 
-def merged_size(client: OpenSearch, settings: Settings) -> tuple[int, int]:
-    """Force-merge the default chunk index to one segment; returns its (chunks, bytes) on primaries."""
-    client.indices.forcemerge(index=chunks_alias(settings), max_num_segments=1)
-    stats = client.indices.stats(index=chunks_alias(settings), metric="store,docs")
-    total = stats["_all"]["primaries"]
-    return int(total["docs"]["count"]), int(total["store"]["size_in_bytes"])
+# Lucene files by what they hold. The vector files are left out: each vector field has a format of
+# its own, and the segment statistics key file sizes by extension, so the two fields' files of one
+# extension overwrite each other there; the vectors' part is the segments' bytes less the others.
+_FILE_PARTS = {
+    "stored_fields": ("fdt", "fdx", "fdm"),
+    "postings": ("tim", "tip", "tmd", "doc", "pos", "pay", "psm"),
+    "doc_values": ("dvd", "dvm"),
+    "norms": ("nvd", "nvm"),
+    "points": ("kdd", "kdi", "kdm"),
+    "segment_info": ("fnm", "si"),
+}
+_VECTOR_FILES = ("vec", "vex", "vem", "vemf", "veq", "vemq")
+MERGE_TIMEOUT_S = 3600.0
+LEASE_WAIT_S = 120.0
+
+
+def merged_parts(client: OpenSearch, index: str) -> dict[str, Any]:
+    """Force-merge `index` to one segment; its chunks, bytes, and bytes by part on primaries.
+
+    Each `_source` has a recovery copy, with the fields `_source` excludes (the vectors), which a
+    merge drops only for operations that the shards' retention leases and the last commit have
+    both passed: so the merge waits for the leases and follows a flush, as a live index's merges
+    come after its periodic flushes. Sizes come from the segments, not the store statistics,
+    which OpenSearch caches for seconds and which then still count the segments the merge replaced.
+    """
+    leases_passed = _await_retention_leases(client, index, LEASE_WAIT_S)
+    client.indices.flush(index=index)
+    client.indices.forcemerge(index=index, max_num_segments=1, request_timeout=MERGE_TIMEOUT_S)
+    client.indices.refresh(index=index)
+    total = 0
+    for copies in client.indices.segments(index=index)["indices"][index]["shards"].values():
+        for copy in copies:
+            if copy["routing"]["primary"]:
+                total += sum(s["size_in_bytes"] for s in copy["segments"].values() if s["search"])
+    stats = client.indices.stats(index=index, metric="docs,segments", include_segment_file_sizes=True)
+    primaries = stats["_all"]["primaries"]
+    files = {ext: int(f["size_in_bytes"]) for ext, f in primaries["segments"]["file_sizes"].items()}
+    parts = {part: sum(files.get(ext, 0) for ext in exts) for part, exts in _FILE_PARTS.items()}
+    known = set(_VECTOR_FILES).union(*_FILE_PARTS.values())
+    parts["other"] = sum(size for ext, size in files.items() if ext not in known)
+    parts["vectors_and_graphs"] = total - sum(parts.values())
+    chunks = int(primaries["docs"]["count"])
+    vectors = chunks + _count(client, index, {"exists": {"field": "document_embedding"}})
+    _, dimension = index_model(client, index)
+    return {
+        "index": index,
+        "chunks": chunks,
+        "bytes": total,
+        "parts": parts,
+        "float32_vector_bytes": vectors * dimension * 4,
+        "leases_passed": leases_passed,
+    }
+
+
+def _count(client: OpenSearch, index: str, query: dict[str, Any]) -> int:
+    return int(client.count(index=index, body={"query": query})["count"])
+
+
+def _await_retention_leases(client: OpenSearch, index: str, timeout_s: float) -> bool:
+    """Wait until every primary's retention leases retain no operation already indexed (OpenSearch
+    syncs them every 30 s by default); False when `timeout_s` passed first."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        shards = client.indices.stats(index=index, metric="docs", level="shards")["indices"][index]["shards"]
+        primaries = [c for copies in shards.values() for c in copies if c["routing"]["primary"]]
+        if all(
+            lease["retaining_seq_no"] > copy["seq_no"]["max_seq_no"]
+            for copy in primaries
+            for lease in copy["retention_leases"]["leases"]
+        ):
+            return True
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(1.0)

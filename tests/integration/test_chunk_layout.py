@@ -16,7 +16,7 @@ from shared.embedding import Encoder, embedded_text, encoder
 from shared.ingest import Ingestor
 from shared.models import DocStatus, Document, KnowledgeBase, Reembed
 from shared.registry import Registry
-from shared.search.chunk_index import bulk_index, refresh
+from shared.search.chunk_index import bulk_index, merged_parts, refresh
 from shared.search.client import build_client
 from shared.search.placement import kb_alias, kb_scope, resolve
 from shared.search.requests import SearchRequest
@@ -240,3 +240,26 @@ def test_an_index_of_the_earlier_layout_keeps_answering_and_a_reembed_moves_a_kb
     _answers_in_every_mode(settings, aliased, query, "lagoon.txt")
     assert _chunks(opensearch, earlier, aliased) == []
     _answers_in_every_mode(settings, bare, query, "lagoon.txt")
+
+
+def test_the_bench_measures_a_merged_index_by_part(own_prefix: Settings, model: Encoder) -> None:
+    """The bench's index figure: the parts add up to the segments' bytes, and no vector is left in
+    stored fields or doc values, not even in the recovery copy of each `_source`."""
+    settings = own_prefix
+    services = build_services(settings)
+    ensure_indexes(services.client, settings)
+    index = chunks_index(settings, settings.embedding.model)
+    for kb_id in ("one", "two", "three"):
+        kb = services.registry.create_kb(KnowledgeBase(tenant_id="t-bench", kb_id=kb_id, name=kb_id))
+        _write_document(services.client, index, services.registry, kb, model)
+    merged = merged_parts(services.client, index)
+    chunks = 3 * len(LAGOON)
+    assert merged["chunks"] == chunks
+    assert merged["leases_passed"]
+    assert sum(merged["parts"].values()) == merged["bytes"]
+    vector = settings.embedding.dimension * 4
+    assert merged["float32_vector_bytes"] == (chunks + 3) * vector
+    assert merged["parts"]["vectors_and_graphs"] >= merged["float32_vector_bytes"]
+    # A vector as a JSON array alone takes about twice its float32 bytes.
+    assert merged["parts"]["stored_fields"] < chunks * vector
+    assert merged["parts"]["doc_values"] < chunks * vector
