@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from shared.blobs import LOCK_WAIT_S, BlobStore, StoredBlob, artifact_name, checked_digest, spool
-from shared.errors import TransientError
+from shared.errors import OutageError, TransientError
 
 _LOCK_POLL_S = 0.01
 
@@ -68,6 +68,10 @@ class DirBlobStore(BlobStore):
         if not path.is_file():
             raise FileNotFoundError(f"no blob {sha256}")
         yield path
+
+    def check(self) -> None:
+        if not os.access(self._blobs, os.W_OK | os.X_OK):
+            raise OutageError(f"the blob store's directory {self._blobs} is not writable")
 
     @contextlib.contextmanager
     def _stripe_lock(self, stripe: str, *, exclusive: bool) -> Iterator[None]:

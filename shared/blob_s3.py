@@ -16,6 +16,7 @@ import contextlib
 import json
 import tempfile
 from collections.abc import Iterable, Iterator
+from dataclasses import replace
 from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any
 
@@ -36,6 +37,9 @@ if TYPE_CHECKING:
 PART_BYTES = 16 << 20
 _DELETE_BATCH = 1000  # the most keys one DeleteObjects request takes
 _COPY_BYTES = 1 << 20
+# A readiness probe's question: one attempt, answered within this bound, so a probe never waits
+# out the retries a document's request gets.
+PROBE_TIMEOUT_S = 2.0
 
 
 def endpoint_of(settings: BlobsSettings) -> s3.S3Endpoint:
@@ -55,8 +59,10 @@ class S3BlobStore(BlobStore):
     def __init__(self, settings: BlobsSettings, broker: redis.Redis, scratch: Path) -> None:
         self.bucket = settings.bucket
         self.prefix = settings.prefix
-        self._where = f"RAGLINE_BLOBS__URL={settings.url}"
-        self._s3: S3Client = s3.make_client(endpoint_of(settings))
+        self._where = "RAGLINE_BLOBS__URL"
+        endpoint = endpoint_of(settings)
+        self._s3: S3Client = s3.make_client(endpoint)
+        self._probe: S3Client = s3.make_client(replace(endpoint, timeout_s=PROBE_TIMEOUT_S), attempts=1)
         self._scratch = scratch
         self.lock_namespace = f"ragline:blob-lock:{self.bucket}/{self.prefix}"
         self._locks = StripeLocks(broker, self.lock_namespace, wait_s=LOCK_WAIT_S)
@@ -69,6 +75,9 @@ class S3BlobStore(BlobStore):
             s3.check_bucket(self._s3, self.bucket, self._where)
             self._bucket_seen = True
         return self._s3
+
+    def check(self) -> None:
+        s3.check_bucket(self._probe, self.bucket, self._where)
 
     def blob_key(self, sha256: str) -> str:
         checked_digest(sha256)

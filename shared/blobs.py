@@ -117,6 +117,11 @@ class BlobStore(abc.ABC):
     def drop_artifacts(self, keys: Iterable[str]) -> None: ...
 
     @abc.abstractmethod
+    def check(self) -> None:
+        """Raise a RaglineError saying what is wrong when the store cannot serve now (a readiness
+        probe asks; a bucket that does not exist is named)."""
+
+    @abc.abstractmethod
     def _stripe_lock(self, stripe: str, *, exclusive: bool) -> contextlib.AbstractContextManager[None]:
         """The lock on a stripe across every process of the store; TransientError after LOCK_WAIT_S."""
 

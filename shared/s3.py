@@ -50,12 +50,12 @@ class ObjectInfo:
     last_modified: datetime | None
 
 
-def make_client(endpoint: S3Endpoint) -> S3Client:
+def make_client(endpoint: S3Endpoint, *, attempts: int = 3) -> S3Client:
     """A client with bounded waits and few retries: a store that is down is reported, not waited on."""
     config = Config(
         connect_timeout=min(endpoint.timeout_s, 10.0),
         read_timeout=endpoint.timeout_s,
-        retries={"max_attempts": 3, "mode": "standard"},
+        retries={"max_attempts": attempts, "mode": "standard"},
         # Path-style addressing and checksums only where S3 requires them: what S3-compatible
         # servers (S3Proxy, SeaweedFS, Ceph) understand alike.
         s3={"addressing_style": "path"},

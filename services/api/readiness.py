@@ -1,4 +1,5 @@
-"""Readiness: OpenSearch, Redis and at least one worker answer, asked without ever blocking the API.
+"""Readiness: OpenSearch, Redis, the blob store and at least one worker answer, asked without ever
+blocking the API.
 
 Each dependency is asked by a `SingleFlight` of its own: a burst of probes shares one question in
 flight and its answer, no probe takes a thread the routes need, and a dependency that does not
@@ -17,6 +18,7 @@ from opensearchpy import OpenSearch
 
 from services.api.single_flight import SingleFlight
 from services.core.container import AppState
+from shared.blobs import BlobStore
 from shared.config import Settings
 from shared.queue import ping_workers
 from shared.search.client import cluster_status
@@ -62,6 +64,13 @@ def _workers(sender: Celery) -> Check:
     return {"ok": bool(replies), "count": len(replies)}
 
 
+def _blobs(store: BlobStore) -> Check:
+    """The store can serve: its directory is writable, or its bucket answers and exists (what is
+    wrong is logged by the worker and told to the requests that meet it, not to a public probe)."""
+    store.check()
+    return {"ok": True}
+
+
 def _late() -> Check:
     return {"ok": False, "error": "TIMEOUT"}
 
@@ -73,6 +82,7 @@ class Readiness:
             "opensearch": lambda: _opensearch(state.client),
             "redis": lambda: _redis(probe_redis),
             "workers": lambda: _workers(state.sender),
+            "blobs": lambda: _blobs(state.blobs),
         }
         self._checks = {
             name: SingleFlight(_asked(question), fresh_s=FRESH_S, wait_s=WAIT_S, late=_late)
