@@ -5,8 +5,9 @@ set -euo pipefail
 HERE=$(dirname "${BASH_SOURCE[0]}")
 source "$HERE/lib.sh"
 
-# tesseract and poppler: OCR of PDF pages without a text layer.
-APT_PACKAGES=(redis-server tesseract-ocr tesseract-ocr-eng poppler-utils)
+# tesseract and poppler: OCR of PDF pages without a text layer; git: `git` sources (and their
+# tests' git daemon and smart HTTP servers).
+APT_PACKAGES=(redis-server tesseract-ocr tesseract-ocr-eng poppler-utils git)
 PYTHON=${PYTHON:-python3.11}
 command -v "$PYTHON" >/dev/null || PYTHON=python3
 
