@@ -6,7 +6,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from bench.run import main
+from bench.run import main, only_sources
 from client.http import default_key, default_server
 from shared.config import ConfigError, get_settings
 
@@ -14,6 +14,11 @@ from shared.config import ConfigError, get_settings
 def run(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench", description=__doc__)
     parser.add_argument("--quick", action="store_true", help="60 pages, fewer queries.")
+    parser.add_argument(
+        "--only",
+        choices=["sources"],
+        help="Run this phase alone (sources: the unchanged re-sync of each source type).",
+    )
     args = parser.parse_args(argv)
     try:
         settings = get_settings()
@@ -24,7 +29,10 @@ def run(argv: list[str] | None = None) -> int:
     if key is None:
         print("AUTH_ERROR: no API key; set RAGLINE_API_KEY or run `make up`", file=sys.stderr)
         return 2
-    main(settings, default_server(settings), key, args.quick)
+    if args.only == "sources":
+        only_sources(settings, default_server(settings), key, args.quick)
+    else:
+        main(settings, default_server(settings), key, args.quick)
     return 0
 
 

@@ -54,15 +54,18 @@ def raw_model(settings: Settings, texts: list[str], processes: int) -> dict[str,
     }
 
 
-def restart_worker(settings: Settings, concurrency: int, timeout_s: float = 300.0) -> None:
-    """The local stack's worker again, with `concurrency` processes (its configuration otherwise).
+def restart_worker(
+    settings: Settings, concurrency: int, timeout_s: float = 300.0, env: dict[str, str] | None = None
+) -> None:
+    """The local stack's worker again, with `concurrency` processes and `env` on top of its
+    configuration.
 
     Returns once every pool process has loaded its models: Celery reports ready before that, and
     a load started at once would count the loading as the first quarter's memory and time.
     """
-    env = {**os.environ, "RAGLINE_CELERY__WORKER_CONCURRENCY": str(concurrency)}
+    started = {**os.environ, **(env or {}), "RAGLINE_CELERY__WORKER_CONCURRENCY": str(concurrency)}
     for action in ("down", "up"):
-        subprocess.run(["bash", str(STACK), action, "worker"], check=True, env=env, capture_output=True)
+        subprocess.run(["bash", str(STACK), action, "worker"], check=True, env=started, capture_output=True)
     log = settings.state_dir / "logs" / "worker.log"  # emptied by each start
     deadline = time.monotonic() + timeout_s
     while log.read_text(errors="replace").count("workers.warmup") < concurrency:

@@ -160,6 +160,22 @@ def scale_note(r: dict[str, Any]) -> list[str]:
     ]
 
 
+def sources_table(sources: dict[str, Any]) -> list[str]:
+    """Each source type's first sync and unchanged re-sync of the same documents."""
+    lines = [
+        f"## Sources: {sources['documents']} documents a type",
+        "",
+        "| type | first sync (s, submits) | unchanged re-sync (s) | counts of the re-sync |",
+        "|---|---|---|---|",
+    ]
+    for kind in ("folder", "s3", "web", "git"):
+        if kind in sources:
+            one = sources[kind]
+            first, again, counts = one["first_sync_s"], one["unchanged_resync_s"], one["unchanged_counts"]
+            lines.append(f"| {kind} | {first} | {again} | {counts} |")
+    return [*lines, ""]
+
+
 def write_report(r: dict[str, Any], path: Path, plots: Path) -> None:
     stamp = r["stamp"]
     ingest, latency, quality, pii = r["ingest"], r["latency_ms"], r["quality"], r["pii"]
@@ -326,5 +342,6 @@ def write_report(r: dict[str, Any], path: Path, plots: Path) -> None:
         "",
         *scale_note(r),
         "",
+        *(sources_table(r["sources"]) if "sources" in r else []),
     ]
     path.write_text("\n".join(lines))

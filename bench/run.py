@@ -23,7 +23,8 @@ from bench.phases.latency import LATENCY_QUERIES, LATENCY_QUERIES_QUICK, latency
 from bench.phases.quality import quality_figures
 from bench.phases.reingest import reingest_figures
 from bench.phases.scaling import SUBSET, SUBSET_QUICK, scaling_figures
-from bench.report import write_report
+from bench.phases.sources import sources_figures
+from bench.report import sources_table, write_report
 from bench.session import Bench
 from shared.config import REPO_ROOT, Settings
 
@@ -66,7 +67,24 @@ def main(settings: Settings, server: str, api_key: str, quick: bool) -> Path:
     with bench.phase("quality"):
         quality_figures(bench, kb, query_texts, judged)
     save()
+    with bench.phase("sources"):
+        sources_figures(bench)
+    save()
     write_report(bench.results, out / f"{bench.stamp}.md", out)
     shutil.rmtree(bench.work, ignore_errors=True)
     console.print(f"bench: wrote {path} and {path.with_suffix('.md')}")
+    return path
+
+
+def only_sources(settings: Settings, server: str, api_key: str, quick: bool) -> Path:
+    """The sources phase alone: bench/results/<stamp>-sources.{json,md}."""
+    bench = Bench(settings, server, api_key, quick, Console())
+    with bench.phase("sources"):
+        sources_figures(bench)
+    out = REPO_ROOT / "bench" / "results"
+    out.mkdir(parents=True, exist_ok=True)
+    path = out / f"{bench.stamp}-sources.json"
+    path.write_text(json.dumps(bench.results, indent=2))
+    path.with_suffix(".md").write_text("\n".join(sources_table(bench.results["sources"])) + "\n")
+    bench.console.print(f"bench: wrote {path} and {path.with_suffix('.md')}")
     return path

@@ -23,6 +23,7 @@ from shared.registry import Registry
 from shared.search.chunk_index import delete_kb_chunks, read_chunks
 from shared.search.placement import attach_to_default, drop_aliases, own_indexes, resolve, write_aliases
 from shared.search.schema import drop_index
+from shared.sources.store import SourceStore
 
 TERMINAL = [DocStatus.READY.value, DocStatus.FAILED.value, DocStatus.DELETED.value]
 REEMBED_TASK = "ragline.reembed"
@@ -72,6 +73,7 @@ class DocumentStatus(BaseModel):
     title: str | None
     filename: str | None
     source_uri: str | None
+    source_id: str | None = Field(None, description="The source that brought it (none: an upload).")
     mime_type: str | None
     file_size: int
     content_version: int
@@ -138,6 +140,7 @@ class Catalog:
         self.registry = registry
         self.ingestor = ingestor
         self.client = registry.client
+        self.sources = SourceStore(registry.client, settings)
 
     def view(self, kb: KnowledgeBase, counts: tuple[int, int]) -> KbView:
         return KbView(
@@ -207,6 +210,7 @@ class Catalog:
         """Delete the KB, its documents' records, every chunk, and their bytes in the blob store
         (those no other live record shares)."""
         self.registry.get_kb(tenant_id, kb_id)
+        self.sources.drop_kb(tenant_id, kb_id)  # its sources first: a run under way stops
         fairqueue.purge(self.ingestor.broker, tenant_id, kb_id)  # its waiting documents go first
         delete_kb_chunks(
             self.client, write_aliases(self.client, self.settings, tenant_id, kb_id), tenant_id, kb_id

@@ -386,8 +386,10 @@ class OAuthSettings(_Section):
         if self.issuer is not None and self.resource is None:
             raise ValueError("RAGLINE_AUTH__OAUTH__RESOURCE is required with an issuer")
         for url in filter(None, (self.issuer, self.resource, self.jwks_url)):
-            if not re.match(r"^https?://[^/\s]+", url):
-                raise ValueError(f"not an http(s) URL: {url}")
+            # No fragment (RFC 9728), nothing that would break the WWW-Authenticate header it is
+            # quoted in, no braces a route would read as a parameter.
+            if not re.fullmatch(r"https?://[^/\s\"'{}#<>\\]+(/[^\s\"'{}#<>\\]*)?", url):
+                raise ValueError(f"not an http(s) URL without fragment, quotes or braces: {url!r}")
         return self
 
     @property
@@ -510,9 +512,54 @@ class McpSettings(_Section):
     @field_validator("path")
     @classmethod
     def _not_rest(cls, value: str) -> str:
-        if value == "/v1" or value.startswith("/v1/") or value.startswith("/.well-known"):
-            raise ValueError("the MCP path may not lie under /v1 or /.well-known")
+        taken = ("/v1", "/.well-known", "/healthz", "/readyz", "/metrics", "/docs", "/redoc", "/openapi.json")
+        if any(value == path or value.startswith(f"{path}/") for path in taken):
+            raise ValueError(f"the MCP path may not be or lie under one the API serves ({', '.join(taken)})")
         return value
+
+
+class SourcesSettings(_Section):
+    """Sources that keep a knowledge base in sync with where its documents live (docs/api.md#sources)."""
+
+    folder_roots: list[Path] = Field(
+        default_factory=list,
+        description="Directories under which `folder` sources (and `git` sources given as a path) may "
+        "read, `{tenant}` in one standing for the source's tenant; none: such sources are refused. A "
+        "source's path may not leave its root by `..` or a symbolic link.",
+    )
+    s3_endpoint_url: str | None = Field(
+        None, description="Default S3-compatible server of `s3` sources that name none; unset: AWS S3."
+    )
+    s3_region: str = Field(
+        "us-east-1", pattern=r"^[a-z0-9-]{1,40}$", description="Default region of `s3` sources."
+    )
+    s3_access_key_id: str | None = Field(
+        None, description="Default access key of `s3` sources that give none (with the secret)."
+    )
+    s3_secret_access_key: SecretStr | None = Field(None, description="Secret of that access key.")
+    s3_buckets: list[str] = Field(
+        default_factory=list,
+        description="Buckets (globs, `{tenant}` standing for the source's tenant) that `s3` sources "
+        "without credentials of their own may read with the default ones; none: every `s3` source "
+        "brings its own.",
+    )
+    run_lease_s: int = Field(
+        60,
+        ge=10,
+        le=3600,
+        description="A running sync holds its source this long between renewals; when its worker dies, "
+        "another resumes the run after it.",
+    )
+    max_items: int = Field(
+        100_000, ge=1, le=10_000_000, description="Most items one run lists; beyond them it fails TOO_LARGE."
+    )
+    git_timeout_s: int = Field(
+        900,
+        ge=10,
+        le=86400,
+        description="Longest a `git` source's fetch (or any other git command) may take before its run "
+        "fails TIMEOUT; the first fetch of a large repository is the long one.",
+    )
 
 
 class SearchSettings(_Section):
@@ -654,6 +701,7 @@ class Settings(BaseSettings):
     auth: AuthSettings = Field(default_factory=AuthSettings)
     api: ApiSettings = Field(default_factory=ApiSettings)
     mcp: McpSettings = Field(default_factory=McpSettings)
+    sources: SourcesSettings = Field(default_factory=SourcesSettings)
     search: SearchSettings = Field(default_factory=SearchSettings)
     metrics: MetricsSettings = Field(default_factory=MetricsSettings)
     tracing: TracingSettings = Field(default_factory=TracingSettings)
@@ -696,7 +744,7 @@ def env_name(location: tuple[int | str, ...]) -> str:
 
 
 # A bad value of these is never echoed: the message may reach a terminal or a log.
-_SECRET_FIELDS = {"api_keys", "key", "password", "hash_secret", "secret_access_key"}
+_SECRET_FIELDS = {"api_keys", "key", "password", "hash_secret", "secret_access_key", "s3_secret_access_key"}
 
 
 def describe_validation_error(error: ValidationError) -> str:

@@ -127,6 +127,7 @@ class Ingestor:
         doc_id: str | None = None,
         metadata: dict[str, Any] | None = None,
         source_uri: str | None = None,
+        source_id: str | None = None,
         batch_id: str | None = None,
         priority: str | None = None,
         size: int | None = None,
@@ -139,6 +140,7 @@ class Ingestor:
             [upload],
             metadata=metadata,
             source_uri=source_uri,
+            source_id=source_id,
             batch_id=batch_id,
             priority=priority,
         )[0]
@@ -151,6 +153,7 @@ class Ingestor:
         *,
         metadata: dict[str, Any] | None = None,
         source_uri: str | None = None,
+        source_id: str | None = None,
         batch_id: str | None = None,
         priority: str | None = None,
     ) -> list[SubmitResult]:
@@ -185,7 +188,7 @@ class Ingestor:
             for upload in uploads:
                 results.append(
                     self._store_and_register(
-                        tenant_id, kb_id, upload, metadata, source_uri, batch_id, admission
+                        tenant_id, kb_id, upload, metadata, (source_uri, source_id), batch_id, admission
                     )
                 )
         finally:
@@ -199,10 +202,13 @@ class Ingestor:
         kb_id: str,
         upload: Upload,
         metadata: dict[str, Any],
-        source_uri: str | None,
+        source: tuple[str | None, str | None],
         batch_id: str | None,
         admission: Admission,
     ) -> SubmitResult:
+        """`source` is the document's provenance: where it came from (a URI) and the source that
+        brought it, if one did (shared/sources)."""
+        source_uri, source_id = source
         if upload.url is not None:
             doc_id = upload.doc_id or doc_id_for_url(upload.url)
             return self._register_url(tenant_id, kb_id, doc_id, upload.url, metadata, batch_id, admission)
@@ -219,12 +225,15 @@ class Ingestor:
                     upload.filename,
                     upload.mime_type,
                     metadata,
-                    source_uri or upload.filename,
+                    (source_uri or upload.filename, source_id),
                     batch_id,
                     admission,
                 )
             except Conflict:
                 continue  # someone else wrote the record in between: read it again
+            except NotOwner:
+                erasure.release_blob(self.registry, self.blobs, blob.sha256)
+                raise
         raise RaglineError(f"document '{final_id}' is being changed concurrently", code=ErrorCode.CONFLICT)
 
     def _register(
@@ -237,11 +246,14 @@ class Ingestor:
         filename: str | None,
         mime_type: str | None,
         metadata: dict[str, Any],
-        source_uri: str | None,
+        source: tuple[str | None, str | None],
         batch_id: str | None,
         admission: Admission,
     ) -> SubmitResult:
+        source_uri, source_id = source
         current = self.registry.get_doc(tenant_id, kb_id, doc_id)
+        if current is not None:
+            check_owner(current.doc, source_id)
         if current is not None and _unchanged(current.doc, sha256, metadata):
             return SubmitResult(doc_id, Outcome.UNCHANGED, current.doc.status, current.doc.content_version)
         now = utcnow()
@@ -254,6 +266,7 @@ class Ingestor:
             filename=filename,
             mime_type=mime_type,
             source_uri=source_uri,
+            source_id=source_id,
             metadata=metadata,
             batch_id=batch_id,
             queue=admission.queue,
@@ -291,6 +304,8 @@ class Ingestor:
         """Record a new version whose bytes the worker fetches from `url` (see `url_version`)."""
         for _ in range(5):
             current = self.registry.get_doc(tenant_id, kb_id, doc_id)
+            if current is not None:
+                check_owner(current.doc, None)  # a URL is an upload: a source's document is not its
             now = utcnow()
             previous = current.doc if current is not None else None
             doc, released = url_version(previous, tenant_id, kb_id, doc_id, url, metadata)
@@ -417,6 +432,23 @@ class Ingestor:
         except Exception:  # noqa: BLE001  (broker down, any error type: the reconciler re-sends)
             log.warning("enqueue failed for %s/%s; the reconciler will retry", doc.kb_id, doc.doc_id)
             hand_to_reconciler(self.registry, ref)
+
+
+class NotOwner(RaglineError):
+    """A document of a source is changed only by that source, and a source takes no other's."""
+
+    code = ErrorCode.CONFLICT
+
+
+def check_owner(doc: Document, source_id: str | None) -> None:
+    """NotOwner unless `source_id` (None: an upload) may replace `doc`: the same source, or one
+    that is deleted (its id is free again)."""
+    if doc.status in (DocStatus.DELETED, DocStatus.DELETING) or doc.source_id == source_id:
+        return
+    owner = f"source '{doc.source_id}'" if doc.source_id else "an upload"
+    raise NotOwner(
+        f"document '{doc.doc_id}' belongs to {owner}; give another doc_id (a source: a doc_id_prefix)"
+    )
 
 
 def url_version(

@@ -236,6 +236,7 @@ class Document(BaseModel):
     mime_type: str | None = None
     filename: str | None = None
     source_uri: str | None = None
+    source_id: str | None = None  # the source that brought it (shared/sources), if one did
     # Ingest by URL: the worker fetches each version's bytes from here (`content_hash` is empty
     # until the first fetch); `fetch` is what the last fetch found.
     url: str | None = None

@@ -400,6 +400,32 @@ class Registry:
                 return docs
             after = hits[-1]["sort"]
 
+    def source_documents(self, tenant_id: str, kb_id: str, source_id: str) -> dict[str, DocStatus]:
+        """The status of every document a source brought, by doc_id (written a moment ago too)."""
+        query = {
+            "bool": {
+                "filter": [*_kb_scope(tenant_id, kb_id)["bool"]["filter"], {"term": {"source_id": source_id}}]
+            }
+        }
+        self.refresh_docs()
+        found: dict[str, DocStatus] = {}
+        after: list[Any] | None = None
+        while True:
+            hits = self.client.search(
+                index=self.docs,
+                body={
+                    "size": _PAGE,
+                    "query": query,
+                    "sort": [{"doc_id": "asc"}],
+                    "_source": ["doc_id", "status"],
+                    **({"search_after": after} if after is not None else {}),
+                },
+            )["hits"]["hits"]
+            found.update({hit["_source"]["doc_id"]: DocStatus(hit["_source"]["status"]) for hit in hits})
+            if len(hits) < _PAGE:
+                return found
+            after = hits[-1]["sort"]
+
     def settled_since(self, tenant_id: str, kb_id: str, since: datetime) -> Iterator[dict[str, Any]]:
         """The KB's records updated since `since` that are ready, failed or deleted, page by page
         in doc_id order (what a reembed sweeps)."""

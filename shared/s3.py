@@ -31,6 +31,14 @@ _DENIED = {"AccessDenied", "InvalidAccessKeyId", "SignatureDoesNotMatch", "Inval
 _MISSING_OBJECT = {"NoSuchKey", "404", "NotFound"}
 
 
+class BucketMissing(OutageError):
+    """The bucket does not exist."""
+
+
+class AccessRefused(OutageError):
+    """The store refused the credentials or the request."""
+
+
 @dataclass(frozen=True)
 class S3Endpoint:
     """How to reach a store: its endpoint (None: AWS), region and credentials (None: boto3's chain)."""
@@ -98,9 +106,9 @@ def translated(bucket: str, where: str) -> Iterator[None]:
     except ClientError as error:
         code, status = error_code(error), http_status(error)
         if code == "NoSuchBucket":
-            raise OutageError(f"the bucket '{bucket}' does not exist ({where}); create it") from error
+            raise BucketMissing(f"the bucket '{bucket}' does not exist ({where}); create it") from error
         if code in _DENIED or status == 403:
-            raise OutageError(f"the store refused access to bucket '{bucket}' ({where}): {code}") from error
+            raise AccessRefused(f"the store refused access to bucket '{bucket}' ({where}): {code}") from error
         if code in _BUSY or status >= 500:
             raise OutageError(f"the S3 store is unavailable or overloaded ({code or status})") from error
         if is_missing_object(error):
@@ -117,7 +125,7 @@ def check_bucket(s3: S3Client, bucket: str, where: str) -> None:
         with translated(bucket, where):
             s3.head_bucket(Bucket=bucket)
     except FileNotFoundError:
-        raise OutageError(f"the bucket '{bucket}' does not exist ({where}); create it") from None
+        raise BucketMissing(f"the bucket '{bucket}' does not exist ({where}); create it") from None
 
 
 def info_of(key: str, item: Any) -> ObjectInfo:

@@ -24,6 +24,8 @@ from shared.registry import Registry
 from shared.search.client import build_client
 from shared.search.schema import ensure_indexes
 from shared.search.searcher import Searcher
+from shared.sources.service import Sources
+from shared.sources.store import SourceStore
 
 
 @dataclass(frozen=True)
@@ -37,10 +39,13 @@ class Services:
     ingestor: Ingestor
     catalog: Catalog
     searcher: Searcher
+    source_store: SourceStore
+    sources: Sources
 
     def prepare_indexes(self) -> None:
         """Create the indexes, templates and aliases that are missing (idempotent)."""
         ensure_indexes(self.client, self.settings)
+        self.source_store.ensure_indexes()
 
 
 def blob_store(settings: Settings, broker: redis.Redis) -> BlobStore:
@@ -58,6 +63,7 @@ def build_services(settings: Settings) -> Services:
     broker = redis_client(settings)
     blobs = blob_store(settings, broker)
     ingestor = Ingestor(settings, registry, blobs, sender, broker)
+    source_store = SourceStore(client, settings)
     return Services(
         settings=settings,
         client=client,
@@ -68,4 +74,6 @@ def build_services(settings: Settings) -> Services:
         ingestor=ingestor,
         catalog=Catalog(settings, registry, ingestor),
         searcher=Searcher(client, settings),
+        source_store=source_store,
+        sources=Sources(settings, source_store, registry, broker),
     )

@@ -27,6 +27,7 @@ from workers.pipeline import STAGES
 from workers.reconciler import reconcile_once
 from workers.reembed import reembed
 from workers.runner import Done, Retry, run_stage
+from workers.sources.runner import SyncRunner
 from workers.warmup import warm_up
 
 log = logging.getLogger(__name__)
@@ -35,11 +36,13 @@ RECONCILER_LEASE, FEEDER_LEASE = "ragline:reconciler:leader", "ragline:fair:lead
 # The main process's periodic jobs and heartbeat, once the worker is ready; stopped on shutdown.
 _JOBS: list[leader.PeriodicJob] = []
 _HEART: list[liveness.Heartbeat] = []
+_RUNNERS: list[SyncRunner] = []
 
 
 @worker_ready.connect
 def _start_periodic_jobs(sender: Any = None, **_: Any) -> None:
-    """Every worker runs the reconciler and the fair-queue feeder; a Redis lease picks one to act.
+    """Every worker runs the reconciler and the fair-queue feeder, a Redis lease picking one to act,
+    and a sync runner (workers/sources/runner.py).
 
     The jobs build their context on first use, so a worker that starts before OpenSearch still
     gets them (a round only fails and retries).
@@ -62,6 +65,8 @@ def _start_periodic_jobs(sender: Any = None, **_: Any) -> None:
         )
     )
     _JOBS.append(leader.start("ragline-feeder", broker, FEEDER_LEASE, me, 0.2, feed))
+    _RUNNERS.append(SyncRunner(broker, me, worker_context, settings.sources.run_lease_s))
+    _RUNNERS[0].start()
     _HEART.append(liveness.Heartbeat(broker, me, celery.reconcile_interval_s))
     _HEART[0].start()
 
@@ -71,6 +76,8 @@ def _leave(sender: Any = None, **_: Any) -> None:
     for heart in _HEART:
         with contextlib.suppress(redis.RedisError):
             heart.leave()
+    for runner in _RUNNERS:
+        runner.stop(timeout_s=10)  # a run under way stops at its next check, to be resumed
     for job in _JOBS:
         with contextlib.suppress(redis.RedisError):
             job.stop(timeout_s=10)

@@ -6,6 +6,9 @@ STATE_DIR=${RAGLINE_STATE_DIR:-$REPO_ROOT/.ragline}
 VENV=${RAGLINE_VENV:-$REPO_ROOT/.venv}
 LOG_DIR=$STATE_DIR/logs
 mkdir -p "$STATE_DIR" "$LOG_DIR"
+# The local stack's folder sources read under the state dir's sources/ unless told otherwise
+# (docs/api.md#sources): a source may only read where an operator allowed it.
+export RAGLINE_SOURCES__FOLDER_ROOTS=${RAGLINE_SOURCES__FOLDER_ROOTS:-"[\"$STATE_DIR/sources\"]"}
 
 say() { printf '%s\n' "$*"; }
 die() { printf 'error: %s\n' "$*" >&2; exit 1; }

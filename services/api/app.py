@@ -19,7 +19,7 @@ from services.api.kb_path import KbPathCheck
 from services.api.metrics import Metrics, RequestLatency
 from services.api.readiness import Readiness
 from services.api.request_context import RequestContext
-from services.api.routes import batches, chunks, documents, health, kbs, search
+from services.api.routes import batches, chunks, documents, health, kbs, search, sources
 from services.api.upload_body import is_json_upload
 from services.core.container import AppState, build_state
 from services.core.envelope import envelope
@@ -140,7 +140,8 @@ def create_app(settings: Settings | None = None, state: AppState | None = None) 
     app.state.metrics = Metrics(state)
     app.state.readiness = Readiness(state)
     errors.install(app)
-    for router in (kbs.router, documents.router, chunks.router, batches.router, search.router, health.router):
+    routers = (kbs, documents, chunks, sources, batches, search, health)
+    for router in (module.router for module in routers):
         app.include_router(router)
     app.router.routes.extend(routes)
     # Each added one wraps those before it. Inward from the request id: timing (refusals too),

@@ -13,7 +13,7 @@ from typing import Annotated
 
 import typer
 
-from services.cli import remote_commands
+from services.cli import remote_commands, source_commands
 from shared.config import REPO_ROOT, ConfigError, Settings, get_settings
 
 app = typer.Typer(
@@ -222,6 +222,7 @@ def show_config() -> None:
 app.add_typer(remote_commands.kb_app, name="kb")
 app.add_typer(remote_commands.doc_app, name="doc")
 app.add_typer(remote_commands.batch_app, name="batch")
+app.add_typer(source_commands.source_app, name="source")
 app.command()(remote_commands.search)
 app.command()(remote_commands.ingest)
 

@@ -11,6 +11,7 @@ from mcp.server.sse import SseServerTransport
 from mcp.server.transport_security import TransportSecurityMiddleware
 from starlette.datastructures import Headers
 from starlette.requests import Request
+from starlette.responses import JSONResponse
 from starlette.routing import BaseRoute, Match, Mount, Route
 from starlette.types import ASGIApp, Receive, Scope, Send
 
@@ -18,7 +19,7 @@ from services.core.identity import Authenticator
 from services.mcp.sdk_patches import limit_sse_posts, low_level_server
 from services.mcp.sessions import EnvelopeBodyLimit, install_sessions, owner
 from shared.config import Settings
-from shared.errors import RaglineError
+from shared.errors import ErrorCode, RaglineError
 
 
 class KeyGate:
@@ -41,6 +42,30 @@ class KeyGate:
 
 
 Transport = Literal["streamable-http", "sse"]
+
+
+class PostsOnly:
+    """Stateless streamable HTTP answers only POSTs: a GET would open a stream no message can ever
+    reach (there is no session to send on), held for as long as the client likes; the spec's
+    answer to a GET a server does not serve is 405."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http" and scope["method"] != "POST":
+            response = JSONResponse(
+                status_code=405,
+                content={
+                    "code": ErrorCode.INVALID_ARGUMENT.value,
+                    "message": "stateless MCP takes POSTs only (RAGLINE_MCP__STATELESS)",
+                    "details": {},
+                },
+                headers={"Allow": "POST"},
+            )
+            await response(scope, receive, send)
+            return
+        await self.app(scope, receive, send)
 
 
 def mcp_routes(
@@ -79,7 +104,10 @@ def mcp_routes(
 
     routes: list[Route | Mount] = [*auth.metadata_routes()]
     if "streamable-http" in transports:
-        routes.append(_Labelled(path, endpoint=KeyGate(sessions.handle_request, auth)))
+        handler: ASGIApp = sessions.handle_request
+        if settings.mcp.stateless:
+            handler = PostsOnly(handler)
+        routes.append(_Labelled(path, endpoint=KeyGate(handler, auth)))
     if "sse" in transports:
         routes.append(_Labelled(f"{path}/sse", endpoint=KeyGate(handle_sse, auth)))
         routes.append(_LabelledMount(f"{path}/messages/", app=KeyGate(sse.handle_post_message, auth)))

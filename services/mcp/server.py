@@ -16,6 +16,7 @@ from mcp.server.transport_security import TransportSecuritySettings
 from services.core.auth import Principal
 from services.core.container import AppState
 from services.mcp.sdk_patches import RaglineMCP
+from services.mcp.source_tools import SOURCE_TOOLS
 from services.mcp.tools import TOOLS, McpServices
 
 INSTRUCTIONS = """Ragline searches the user's knowledge bases (hybrid keyword + semantic retrieval).
@@ -54,6 +55,6 @@ def build_mcp(state: AppState, *, stdio_principal: Principal | None = None) -> R
             enable_dns_rebinding_protection=True, allowed_hosts=hosts, allowed_origins=origins
         ),
     )
-    for tool, hints in TOOLS:
+    for tool, hints in (*TOOLS, *SOURCE_TOOLS):
         mcp.add_tool(tool, annotations=hints, structured_output=True)
     return mcp

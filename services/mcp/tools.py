@@ -28,7 +28,7 @@ from services.core.container import AppState
 from shared.catalog import BatchView, DocumentPage, DocumentStatus, DocumentText, KbView
 from shared.errors import ErrorCode, RaglineError
 from shared.ingest import Upload
-from shared.models import ID_PATTERN, DocStatus
+from shared.models import ID_PATTERN, DocStatus, KbSettings
 from shared.search.fusion import Fusion
 from shared.search.requests import Filters, Mode, SearchRequest, SearchResponse
 
@@ -100,11 +100,17 @@ async def create_knowledge_base(
         str, Field(max_length=4000, description="What it holds (helps later searches).")
     ] = "",
     tags: Annotated[list[str] | None, Field(max_length=50)] = None,
+    settings: Annotated[
+        KbSettings | None,
+        Field(description="chunk_size, chunk_overlap, pii_policy (redact, mask, hash, block, off), language"),
+    ] = None,
 ) -> KbView:
     """Create a knowledge base to ingest documents into (PII is redacted by default)."""
     principal = caller(ctx, Role.WRITE)
     state = services(ctx).state
-    return await run_in_threadpool(state.catalog.create_kb, principal.tenant, kb_id, name, description, tags)
+    return await run_in_threadpool(
+        state.catalog.create_kb, principal.tenant, kb_id, name, description, tags, settings
+    )
 
 
 async def search(

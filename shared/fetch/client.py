@@ -50,11 +50,13 @@ _MAX_HEADER_CHARS = 1024
 Resolver = Callable[[str, int], list[IPAddress]]
 
 
-def failed(message: str, *, retryable: bool = False) -> RaglineError:
-    """FETCH_FAILED: retried with the stage's backoff when the target may recover."""
+def failed(message: str, *, retryable: bool = False, status: int | None = None) -> RaglineError:
+    """FETCH_FAILED: retried with the stage's backoff when the target may recover. `status` is the
+    HTTP status the server answered, when it answered one (a crawler tells 404 from 503 by it)."""
+    details = {"status": status} if status is not None else None
     if retryable:
-        return TransientError(message, code=ErrorCode.FETCH_FAILED)
-    return PermanentError(message, code=ErrorCode.FETCH_FAILED)
+        return TransientError(message, code=ErrorCode.FETCH_FAILED, details=details)
+    return PermanentError(message, code=ErrorCode.FETCH_FAILED, details=details)
 
 
 def _timed_out(message: str) -> PermanentError:
@@ -242,7 +244,9 @@ class Fetcher:
             if status in (200, 203):
                 return response, target.text
             response.close()
-            raise failed(f"the server answered HTTP {status}", retryable=status in RETRYABLE_STATUS)
+            raise failed(
+                f"the server answered HTTP {status}", retryable=status in RETRYABLE_STATUS, status=status
+            )
 
     def _target(self, url: str, *, redirected: bool) -> Target:
         try:

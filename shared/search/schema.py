@@ -100,6 +100,7 @@ DOCS_MAPPING: dict[str, Any] = {
         "mime_type": _keyword(),
         "filename": _keyword(),
         "source_uri": _keyword(),
+        "source_id": {"type": "keyword"},
         "url": _keyword(),
         "fetch": {"type": "object", "enabled": False},
         "outcome": {"type": "keyword"},

@@ -102,6 +102,18 @@ def _unpack(package: Package, cache: Path) -> Path:
     return root
 
 
+def unpacked(name: str, cache: Path | None = None) -> Path:
+    """One Debian package fetched and unpacked into the cache (idempotent): its root directory."""
+    if cache is None:
+        from shared.config import Settings
+
+        cache = Settings().state_dir / "corpus"
+    cache.mkdir(parents=True, exist_ok=True)
+    with (cache / ".lock").open("w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        return _unpack(Package(name, "fetched on its own"), cache)
+
+
 def ensure(cache: Path) -> dict[str, list[CorpusFile]]:
     """Every package fetched and unpacked into `cache` (idempotent); its documents, by package."""
     cache.mkdir(parents=True, exist_ok=True)

@@ -29,10 +29,23 @@ from shared.search.client import build_client
 from tests.e2e.helpers import RAGLINE, Server, start_server, stop_server
 
 
-@dataclass(frozen=True)
+@dataclass
 class OwnStack:
     server: Server
     worker_log: Path
+    tmp: Path
+    env: dict[str, str]
+    worker: subprocess.Popen[bytes]
+
+    def kill_worker(self) -> None:
+        """SIGKILL the worker and its pool, as a crashed host would: no cleanup runs."""
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(self.worker.pid, signal.SIGKILL)
+        self.worker.wait(timeout=60)
+
+    def start_worker(self) -> None:
+        """A new worker with the same settings (after `kill_worker`)."""
+        self.worker = _start_worker(self.tmp, self.env)
 
 
 def _port() -> int:
@@ -44,7 +57,7 @@ def _port() -> int:
 def _start_worker(tmp: Path, env: dict[str, str]) -> subprocess.Popen[bytes]:
     port = _port()
     log = tmp / "worker.log"
-    with log.open("w") as out:
+    with log.open("a") as out:  # a restarted worker's log follows its killed predecessor's
         process = subprocess.Popen(
             [RAGLINE, "worker", "--name", f"own-{uuid.uuid4().hex[:6]}", "--concurrency", "1"],
             env={**os.environ, **env, "RAGLINE_METRICS__WORKER_PORT": str(port)},
@@ -91,11 +104,12 @@ def own_stack(tmp: Path, settings: Settings, redis_db: int, env: dict[str, str])
     except BaseException:
         _stop_worker(worker)
         raise
+    own = OwnStack(server, tmp / "worker.log", tmp, isolated, worker)
     try:
-        yield OwnStack(server, tmp / "worker.log")
+        yield own
     finally:
         stop_server(api)
-        _stop_worker(worker)
+        _stop_worker(own.worker)
         build_client(settings.opensearch).indices.delete(index=f"{prefix}*", expand_wildcards="all")
         database = redis.Redis.from_url(isolated["RAGLINE_REDIS__URL"])
         database.flushdb()

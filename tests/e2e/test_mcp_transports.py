@@ -99,6 +99,11 @@ async def test_stateless_replicas_answer_one_client_in_turns(stateless_pair: lis
             found = await call(session, "search", query="what do beavers build?", kb_ids=[kb], top_k=3)
             assert found["results"][0]["doc_id"] == ingested.structuredContent["doc_id"]
         await call(session, "delete_document", kb_id=kb, doc_id=ingested.structuredContent["doc_id"])
+    headers = {"X-Api-Key": stateless_pair[0].keys["a_admin"], "Accept": "text/event-stream"}
+    async with httpx.AsyncClient(base_url=stateless_pair[0].url, headers=headers, timeout=10) as http:
+        for method in ("GET", "DELETE"):  # a stream no message could reach, a session that is not
+            answer = await http.request(method, "/mcp")
+            assert (answer.status_code, answer.headers.get("allow")) == (405, "POST"), answer.text
     served = balancer.served
     print(f"requests per replica: {dict(served)}")
     assert set(served) == {s.url for s in stateless_pair}

@@ -53,7 +53,7 @@ MCP_TRANSPORTS = {"/mcp", "/mcp/sse", "/mcp/messages"}
 READ_POSTS = {("POST", "/v1/search")}  # a query carried in a body: reads, changes nothing
 # Tools that make a new object in the caller's own namespace, where another tenant's id is free.
 CREATES = {"create_knowledge_base"}
-SCOPES = {"kb_id", "doc_id", "batch_id", "kb_ids"}
+SCOPES = {"kb_id", "doc_id", "batch_id", "kb_ids", "source_id"}
 BAD_IDENTITIES = ["none", "wrong", "wrong_bearer", "expired", "revoked"]
 ACCEPT = {"accept": "application/json, text/event-stream"}
 
@@ -78,6 +78,9 @@ class TenantA:
     batch: str
     query: str  # a word of A's document: B searching for it must find nothing
     canaries: tuple[str, ...]  # strings only A's objects hold; seen by B = leaked
+    source: str  # a folder source of A's KB, synced once
+    run: str  # that sync's run
+    folder: str  # the source's directory
 
     def leaked(self, text: str) -> int:
         return sum(text.count(canary) for canary in self.canaries)
@@ -123,9 +126,15 @@ def surface(server: Server) -> AppSurface:
 
 
 def _seed(server: Server) -> TenantA:
-    """A knowledge base of tenant A with one ready document and its batch, marked with canaries."""
+    """A knowledge base of tenant A with one ready document and its batch, and a folder source
+    synced once, marked with canaries."""
     mark = secrets.token_hex(4)
     name, description, tag = f"namecanary{mark}", f"desccanary{mark}", f"tagcanary{mark}"
+    roots = load_settings().sources.folder_roots
+    assert roots, "RAGLINE_SOURCES__FOLDER_ROOTS is not set: run the tests with deploy/local/test.sh"
+    folder = roots[0] / f"security-{mark}"
+    folder.mkdir(parents=True)
+    (folder / "note.txt").write_text(f"A note of the source: sourcecanary{mark}.")
     content, meta, query = f"contentcanary{mark}", f"metacanary{mark}", f"zebravault{mark}"
     kb, doc, batch = f"kb-a-{mark}", f"private-{mark}.txt", f"batch-a-{mark}"
     with server.client("a_admin") as client:
@@ -151,7 +160,20 @@ def _seed(server: Server) -> TenantA:
                 client.post("/v1/search", json={"query": query, "mode": "keyword"}).json()["results"]
             )
         )
-    return TenantA(kb, doc, batch, query, (name, description, tag, content, meta))
+        source = f"src-a-{mark}"
+        spec = {
+            "type": "folder",
+            "source_id": source,
+            "name": f"srcname{mark}",
+            "settings": {"path": str(folder)},
+        }
+        assert client.post(f"/v1/kbs/{kb}/sources", json=spec).status_code == 201
+        run = client.post(f"/v1/kbs/{kb}/sources/{source}/sync").json()["run_id"]
+        wait_until(
+            lambda: client.get(f"/v1/kbs/{kb}/sources/{source}/runs/{run}").json()["status"] == "succeeded"
+        )
+    canaries = (name, description, tag, content, meta, f"srcname{mark}", str(folder))
+    return TenantA(kb, doc, batch, query, canaries, source, run, str(folder))
 
 
 @pytest.fixture(scope="module")
@@ -170,11 +192,14 @@ def assert_a_intact(server: Server, a: TenantA) -> int:
         changed += owner.get(f"/v1/batches/{a.batch}").status_code != 200
         hits = owner.post("/v1/search", json={"query": a.query, "kb_ids": [a.kb]}).json()["results"]
         changed += [h["doc_id"] for h in hits][:1] != [a.doc]
+        source = owner.get(f"/v1/kbs/{a.kb}/sources/{a.source}")
+        changed += source.status_code != 200 or source.json()["deleting"]
+        changed += owner.get(f"/v1/kbs/{a.kb}/sources/{a.source}/runs/{a.run}").status_code != 200
     return int(changed)
 
 
 def _path(endpoint: Endpoint, a: TenantA) -> str:
-    values = {"kb_id": a.kb, "doc_id": a.doc, "batch_id": a.batch}
+    values = {"kb_id": a.kb, "doc_id": a.doc, "batch_id": a.batch, "source_id": a.source, "run_id": a.run}
 
     def fill(match: re.Match[str]) -> str:
         name = match.group(1).split(":")[0]
@@ -201,6 +226,9 @@ def _bodies(endpoint: Endpoint, a: TenantA) -> list[dict[str, Any] | None]:
         ("PATCH", "/v1/kbs/{kb_id}"): [{"name": "renamed by b", "description": "changed by b"}],
         ("POST", "/v1/kbs/{kb_id}/reembed"): [{"model": "all-MiniLM-L6-v2"}],
         ("POST", "/v1/kbs/{kb_id}/documents"): [{"content": "written by b", "doc_id": a.doc}],
+        ("POST", "/v1/kbs/{kb_id}/sources"): [
+            {"type": "folder", "source_id": a.source, "settings": {"path": a.folder}}
+        ],
         ("POST", "/v1/search"): [
             {"query": a.query, "kb_ids": [a.kb]},
             {"query": a.query},
@@ -269,6 +297,8 @@ def _tool_arguments(tool: Tool, a: TenantA) -> list[dict[str, Any]]:
         "query": a.query,
         "content": "written by b",
         "name": "made by b",
+        "source_id": a.source,
+        "source": {"type": "folder", "source_id": a.source, "settings": {"path": a.folder}},
     }
     properties = set(tool.inputSchema.get("properties", {}))
     required = set(tool.inputSchema.get("required", []))

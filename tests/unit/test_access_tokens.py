@@ -9,7 +9,7 @@ from pydantic import ValidationError
 from services.core.access_tokens import is_tenant, looks_like_jwt, role_of
 from services.core.auth import Role
 from services.core.identity import metadata_path
-from shared.config import OAuthSettings
+from shared.config import McpSettings, OAuthSettings
 
 
 @pytest.mark.parametrize(
@@ -79,6 +79,10 @@ def test_the_metadata_path_inserts_the_well_known_prefix(resource: str, path: st
         ({"algorithms": ["HS256"]}, "unsupported algorithms"),
         ({"algorithms": []}, "unsupported algorithms"),
         ({"issuer": "issuer.example", "resource": "https://r.example/mcp"}, "not an http"),
+        ({"issuer": "https://i.example", "resource": 'https://r.example/m"cp'}, "not an http"),
+        ({"issuer": "https://i.example", "resource": "https://r.example/{id}"}, "not an http"),
+        ({"issuer": "https://i.example", "resource": "https://r.example/mcp#x"}, "not an http"),
+        ({"issuer": "https://i.example", "resource": "https://r.example/m cp"}, "not an http"),
     ],
 )
 def test_settings_that_would_weaken_the_check_are_refused(settings: dict[str, object], problem: str) -> None:
@@ -92,3 +96,12 @@ def test_the_audience_defaults_to_the_resource() -> None:
     assert OAuthSettings(
         audience=["a"], issuer="https://i.example", resource="https://r.example"
     ).audiences == ["a"]
+
+
+@pytest.mark.parametrize(
+    "path", ["/healthz", "/readyz", "/metrics", "/docs", "/redoc", "/openapi.json", "/v1/mcp"]
+)
+def test_the_mcp_path_may_not_take_a_path_the_api_serves(path: str) -> None:
+    with pytest.raises(ValidationError, match=r"may not be or lie under|should match pattern"):
+        McpSettings(path=path)
+    assert McpSettings(path="/agents/mcp").path == "/agents/mcp"

@@ -89,6 +89,7 @@ OPENSEARCH_OWNERS = {
     "shared/search/schema.py",  # index creation and mappings
     "shared/search/placement.py",  # aliases and physical index resolution
     "shared/search/client.py",  # the client factory and the health probe
+    "shared/sources/store.py",  # sources, their runs and their items
 }
 OWNER_SCAN = ("shared", "workers", "services", "bench")
 _CLIENT_NAMES = {"client", "_client", "opensearch", "os_client", "search_client"}

@@ -1,0 +1,202 @@
+"""`ragline source`: the sources of a knowledge base, against the API like the other remote commands."""
+
+from __future__ import annotations
+
+import json
+import time
+from typing import Annotated, Any
+
+import typer
+
+from client.http import api_path
+from services.cli.remote_commands import ApiKey, AsJson, Server, Yes, _call, _confirm, _print, _remote
+
+source_app = typer.Typer(
+    help="Sources that keep a knowledge base in sync (folder, s3, web, git).", no_args_is_help=True
+)
+
+ENDED = ("succeeded", "failed", "cancelled")
+COLUMNS = ["source_id", "type", "name", "schedule", "last run", "next_run_at"]
+
+
+def _settings(
+    kind: str,
+    path: str | None,
+    url: str | None,
+    bucket: str | None,
+    prefix: str | None,
+    endpoint_url: str | None,
+    ref: str | None,
+    include: list[str] | None,
+    exclude: list[str] | None,
+) -> dict[str, Any]:
+    given: dict[str, Any] = {
+        "folder": {"path": path},
+        "web": {"url": url, "prefix": prefix},
+        "s3": {"bucket": bucket, "prefix": prefix, "endpoint_url": endpoint_url},
+        "git": {"url": url or path, "ref": ref},
+    }.get(kind, {})
+    if include:
+        given["include"] = include
+    if exclude:
+        given["exclude"] = exclude
+    return {k: v for k, v in given.items() if v is not None}
+
+
+@source_app.command("add")
+def source_add(
+    kb_id: str,
+    kind: Annotated[str, typer.Option("--type", help="folder, s3, web or git.")],
+    source_id: Annotated[str | None, typer.Option("--id", help="Default: generated.")] = None,
+    name: str = "",
+    path: Annotated[
+        str | None, typer.Option(help="folder: the directory (on the workers); git: a repository path.")
+    ] = None,
+    url: Annotated[str | None, typer.Option(help="web: start page or sitemap; git: repository URL.")] = None,
+    bucket: Annotated[str | None, typer.Option(help="s3: the bucket.")] = None,
+    prefix: Annotated[str | None, typer.Option(help="s3: key prefix; web: URL prefix to stay under.")] = None,
+    endpoint_url: Annotated[str | None, typer.Option(help="s3: an S3-compatible server.")] = None,
+    ref: Annotated[str | None, typer.Option(help="git: branch, tag or commit.")] = None,
+    include: Annotated[list[str] | None, typer.Option(help="Globs of what to take (repeatable).")] = None,
+    exclude: Annotated[list[str] | None, typer.Option(help="Globs of what to leave (repeatable).")] = None,
+    every: Annotated[int | None, typer.Option(help="Sync by itself every this many seconds (>= 60).")] = None,
+    doc_id_prefix: Annotated[str, typer.Option(help="Put before each document id, e.g. 'wiki/'.")] = "",
+    settings_json: Annotated[
+        str | None, typer.Option("--settings", help="The type's settings as JSON (instead of the options).")
+    ] = None,
+    server: Server = None,
+    api_key: ApiKey = None,
+) -> None:
+    """Add a source to a knowledge base (then `ragline source sync`, or give --every)."""
+    settings = (
+        json.loads(settings_json)
+        if settings_json
+        else _settings(kind, path, url, bucket, prefix, endpoint_url, ref, include, exclude)
+    )
+    body: dict[str, Any] = {"type": kind, "name": name, "settings": settings, "doc_id_prefix": doc_id_prefix}
+    if source_id:
+        body["source_id"] = source_id
+    if every is not None:
+        body["schedule"] = {"interval_s": every}
+    _print(_call(_remote(server, api_key), "POST", api_path("kbs", kb_id, "sources"), json=body), True)
+
+
+@source_app.command("list")
+def source_list(kb_id: str, server: Server = None, api_key: ApiKey = None, as_json: AsJson = False) -> None:
+    """List a knowledge base's sources and how their last run ended."""
+    sources = _call(_remote(server, api_key), "GET", api_path("kbs", kb_id, "sources"))["sources"]
+    rows = [
+        {
+            **s,
+            "schedule": f"every {s['schedule']['interval_s']} s" if s["schedule"] else "",
+            "last run": _run_line(s["active_run"] or s["last_run"])
+            if (s["active_run"] or s["last_run"])
+            else "",
+        }
+        for s in sources
+    ]
+    _print(sources, as_json, COLUMNS, rows)
+
+
+@source_app.command("show")
+def source_show(kb_id: str, source_id: str, server: Server = None, api_key: ApiKey = None) -> None:
+    """Show a source, its settings (secrets hidden) and its last run."""
+    _print(_call(_remote(server, api_key), "GET", api_path("kbs", kb_id, "sources", source_id)), True)
+
+
+@source_app.command("runs")
+def source_runs(
+    kb_id: str, source_id: str, server: Server = None, api_key: ApiKey = None, as_json: AsJson = False
+) -> None:
+    """A source's recent runs, newest first."""
+    runs = _call(_remote(server, api_key), "GET", api_path("kbs", kb_id, "sources", source_id, "runs"))[
+        "runs"
+    ]
+    rows = [{**r, "summary": _run_line(r)} for r in runs]
+    _print(runs, as_json, ["run_id", "trigger", "summary", "created_at"], rows)
+
+
+@source_app.command("sync")
+def source_sync(
+    kb_id: str,
+    source_id: str,
+    wait: Annotated[bool, typer.Option(help="Wait for the run to end and print its counts.")] = True,
+    server: Server = None,
+    api_key: ApiKey = None,
+    as_json: AsJson = False,
+) -> None:
+    """Run a source now (or join its run under way); exits 1 if the run fails or an item failed."""
+    run = _call(_remote(server, api_key), "POST", api_path("kbs", kb_id, "sources", source_id, "sync"))
+    if wait:
+        run = _follow(server, api_key, kb_id, source_id, run, as_json)
+    _finish(run, as_json)
+
+
+@source_app.command("remove")
+def source_remove(
+    kb_id: str,
+    source_id: str,
+    keep_documents: Annotated[bool, typer.Option(help="Keep the documents it brought.")] = False,
+    yes: Yes = False,
+    server: Server = None,
+    api_key: ApiKey = None,
+) -> None:
+    """Remove a source and (unless --keep-documents) every document it brought."""
+    what = "and keep its documents" if keep_documents else "and delete every document it brought"
+    _confirm(f"Remove source '{source_id}' of '{kb_id}' {what}?", yes)
+    params = {"keep_documents": "true"} if keep_documents else None
+    path = api_path("kbs", kb_id, "sources", source_id)
+    run = _call(_remote(server, api_key), "DELETE", path, params=params)
+    if run:
+        run = _follow(server, api_key, kb_id, source_id, run, False, removal=True)
+    typer.echo(f"removed source '{source_id}'")
+
+
+def _follow(
+    server: str | None,
+    api_key: str | None,
+    kb_id: str,
+    source_id: str,
+    run: dict[str, Any],
+    quiet: bool,
+    *,
+    removal: bool = False,
+) -> dict[str, Any]:
+    """Poll the run until it ends, printing a line whenever its progress changes."""
+    last = ""
+    while run["status"] not in ENDED:
+        time.sleep(1)
+        path = api_path("kbs", kb_id, "sources", source_id, "runs", run["run_id"])
+        remote = _remote(server, api_key)
+        try:
+            run = remote.get(path)
+        except Exception:
+            if removal:
+                return {**run, "status": "succeeded"}
+            raise
+        finally:
+            remote.close()
+        line = _run_line(run)
+        if line != last and not quiet:
+            typer.echo(line, err=True)
+            last = line
+    return run
+
+
+def _run_line(run: dict[str, Any]) -> str:
+    counts = run.get("counts") or {}
+    shown = ", ".join(f"{k} {v}" for k, v in counts.items() if v)
+    duration = f" in {run['duration_s']} s" if run.get("duration_s") is not None else ""
+    error = f" ({run['error']['code']}: {run['error']['message']})" if run.get("error") else ""
+    return f"{run['status']}: listed {run.get('listed', 0)}{'; ' + shown if shown else ''}{duration}{error}"
+
+
+def _finish(run: dict[str, Any], as_json: bool) -> None:
+    if as_json:
+        typer.echo(json.dumps(run, indent=2))
+    else:
+        typer.echo(_run_line(run))
+        for failure in run.get("failures") or []:
+            typer.echo(f"  {failure['key']}: {failure['code']}: {failure['message']}")
+    if run["status"] == "failed" or run.get("failures"):
+        raise typer.Exit(1)

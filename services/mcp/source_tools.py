@@ -1,0 +1,99 @@
+"""MCP tools for sources: what `POST/GET/DELETE /v1/kbs/{kb_id}/sources` and `.../sync` do, for agents.
+
+`add_source` takes the same body as the REST route (one of the four types with its settings), and
+`sync_source` can wait for the run, reporting its progress as it lists the source.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from typing import Annotated
+
+from mcp.types import ToolAnnotations
+from pydantic import BaseModel, Field
+from starlette.concurrency import run_in_threadpool
+
+from services.core.auth import Role
+from services.mcp.tools import DESTRUCTIVE, READ_ONLY, ToolContext, caller, services
+from shared.sources.models import SOURCE_ID_PATTERN, SourceSpec, SyncRun
+from shared.sources.service import SourceView
+
+# A source reaches outside Ragline (a bucket, a site, a repository); a sync writes and deletes documents.
+ADDS = ToolAnnotations(readOnlyHint=False, destructiveHint=False, idempotentHint=False, openWorldHint=True)
+SYNCS = ToolAnnotations(readOnlyHint=False, destructiveHint=True, idempotentHint=True, openWorldHint=True)
+_POLL_S = 1.0
+KbId = Annotated[str, Field(min_length=1, max_length=128)]
+SourceId = Annotated[str, Field(pattern=SOURCE_ID_PATTERN)]
+
+
+class SourceList(BaseModel):
+    sources: list[SourceView]
+
+
+async def list_sources(ctx: ToolContext, kb_id: KbId) -> SourceList:
+    """The sources of a knowledge base (folder, s3, web, git) and how their last run ended."""
+    principal = caller(ctx, Role.READ)
+    found = await run_in_threadpool(services(ctx).state.sources.of_kb, principal.tenant, kb_id)
+    return SourceList(sources=found)
+
+
+async def add_source(
+    ctx: ToolContext,
+    kb_id: KbId,
+    source: Annotated[
+        SourceSpec,
+        Field(description="type (folder, s3, web, git) and its settings: {type: web, settings: {url: ...}}."),
+    ],
+) -> SourceView:
+    """Add a source whose documents the knowledge base keeps in sync; then call sync_source."""
+    principal = caller(ctx, Role.ADMIN)
+    return await run_in_threadpool(services(ctx).state.sources.add, principal.tenant, kb_id, source)
+
+
+async def sync_source(
+    ctx: ToolContext,
+    kb_id: KbId,
+    source_id: SourceId,
+    wait_seconds: Annotated[
+        float, Field(ge=0, le=600, description="Wait up to this long for the run to end.")
+    ] = 0,
+) -> SyncRun:
+    """Sync a source now (or join the run under way): new and changed items are ingested, vanished
+    ones deleted. The run reports counts per outcome and each failure with its code."""
+    principal = caller(ctx, Role.WRITE)
+    state = services(ctx).state
+    run = await run_in_threadpool(state.sources.sync, principal.tenant, kb_id, source_id)
+    deadline = time.monotonic() + wait_seconds
+    listed = -1
+    while run.status.active and time.monotonic() < deadline:
+        await asyncio.sleep(_POLL_S)
+        run = await run_in_threadpool(state.sources.run, principal.tenant, kb_id, source_id, run.run_id)
+        if run.listed != listed:
+            listed = run.listed
+            await ctx.report_progress(listed, None, message=f"{run.status.value}: {listed} items listed")
+    return run
+
+
+async def remove_source(
+    ctx: ToolContext,
+    kb_id: KbId,
+    source_id: SourceId,
+    keep_documents: Annotated[bool, Field(description="Keep the documents it brought.")] = False,
+) -> SourceView:
+    """Remove a source; its documents are deleted with it unless keep_documents."""
+    principal = caller(ctx, Role.ADMIN)
+    state = services(ctx).state
+    before = await run_in_threadpool(state.sources.get, principal.tenant, kb_id, source_id)
+    await run_in_threadpool(
+        lambda: state.sources.remove(principal.tenant, kb_id, source_id, keep_documents=keep_documents)
+    )
+    return before.model_copy(update={"deleting": not keep_documents})
+
+
+SOURCE_TOOLS = (
+    (list_sources, READ_ONLY),
+    (add_source, ADDS),
+    (sync_source, SYNCS),
+    (remove_source, DESTRUCTIVE),
+)

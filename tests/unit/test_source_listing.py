@@ -1,0 +1,78 @@
+"""The pure parts of source listings: globs, a page's document id, its links, sitemaps."""
+
+from __future__ import annotations
+
+import gzip
+
+import pytest
+
+from shared.errors import RaglineError
+from workers.sources.connector import selected
+from workers.sources.web import links_of, page_doc_id, sitemap_entries
+
+
+@pytest.mark.parametrize(
+    ("path", "include", "exclude", "taken"),
+    [
+        ("guide/install.md", ["**/*"], [".git/**", "**/.*"], True),
+        ("notes.txt", ["**/*"], [".git/**", "**/.*"], True),
+        (".git/config", ["**/*"], [".git/**", "**/.*"], False),
+        ("docs/.hidden/x.md", ["**/*"], [".git/**", "**/.*"], False),
+        (".env", ["**/*"], [".git/**", "**/.*"], False),
+        ("docs/a.md", ["**/*.md"], [], True),
+        ("a.md", ["**/*.md"], [], True),
+        ("docs/a.txt", ["**/*.md"], [], False),
+        ("docs/a.md", ["docs/**"], ["docs/drafts/**"], True),
+        ("docs/drafts/a.md", ["docs/**"], ["docs/drafts/**"], False),
+    ],
+)
+def test_globs_take_and_leave_paths(path: str, include: list[str], exclude: list[str], taken: bool) -> None:
+    assert selected(path, include, exclude) is taken
+
+
+@pytest.mark.parametrize(
+    ("url", "doc_id"),
+    [
+        ("http://h/sqlite/lang.html", "lang.html"),
+        ("http://h/sqlite/c3ref/open.html", "c3ref/open.html"),
+        ("http://h/sqlite/", "index.html"),
+        ("http://h/sqlite/docs/", "docs/index.html"),
+        ("http://h/sqlite/search?q=a b", "search-q-a-b"),
+        ("http://h/elsewhere/x.html", "elsewhere/x.html"),
+    ],
+)
+def test_a_page_is_named_by_its_path_under_the_prefix(url: str, doc_id: str) -> None:
+    assert page_doc_id(url, "http://h/sqlite/") == doc_id
+
+
+def test_links_are_absolute_without_fragments_and_follow_base() -> None:
+    body = b"""<html><head><base href="http://h/docs/"></head><body>
+        <a href="a.html#part">a</a> <a href="/top.html">top</a> <a href="a.html">again</a>
+        <a href="mailto:x@example.com">mail</a> <a href="javascript:void(0)">js</a>
+        <a href="https://other.example/x">out</a></body></html>"""
+    assert links_of(body, "http://h/elsewhere/page.html") == [
+        "http://h/docs/a.html",
+        "http://h/top.html",
+        "https://other.example/x",
+    ]
+    assert links_of(b"", "http://h/") == []
+
+
+def test_sitemaps_and_sitemap_indexes_plain_or_gzipped() -> None:
+    urlset = b"""<?xml version="1.0"?><urlset xmlns="http://www.sitemaps.org/schemas/sitemap/0.9">
+        <url><loc> http://h/a.html </loc><lastmod>2026-01-01</lastmod></url><url><loc>http://h/b.html</loc></url>
+        </urlset>"""
+    assert sitemap_entries(urlset) == (["http://h/a.html", "http://h/b.html"], [])
+    assert sitemap_entries(gzip.compress(urlset)) == (["http://h/a.html", "http://h/b.html"], [])
+    index = b"""<sitemapindex xmlns="http://www.sitemaps.org/schemas/sitemap/0.9">
+        <sitemap><loc>http://h/s1.xml</loc></sitemap></sitemapindex>"""
+    assert sitemap_entries(index) == ([], ["http://h/s1.xml"])
+
+
+def test_a_sitemap_with_entities_or_broken_xml_is_refused_unexpanded() -> None:
+    bomb = b"""<?xml version="1.0"?><!DOCTYPE x [<!ENTITY a "aaaaaaaaaa"><!ENTITY b "&a;&a;&a;&a;&a;">]>
+        <urlset><url><loc>http://h/&b;</loc></url></urlset>"""
+    pages, _ = sitemap_entries(bomb)
+    assert all("aaaaaaaaaa" not in page for page in pages)
+    with pytest.raises(RaglineError, match="not well-formed"):
+        sitemap_entries(b"<urlset><url>")

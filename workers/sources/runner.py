@@ -1,0 +1,161 @@
+"""Every worker's sync runner: a thread of the main process that claims queued runs (and runs whose
+worker died) and carries them out, one at a time.
+
+A run holds its source under a Redis lease (`workers/leader.hold`), renewed while it goes on: one
+run per source at a time across every worker, and a crashed worker's run is resumed by whichever
+runner takes the lease once it lapses (at once on the same host, whose dead holder is seen). Runs
+go in the main process, beside the reconciler, and not in the pool: a long listing would hold a
+pool process the pipeline needs, and what a run submits is processed there meanwhile.
+
+The runner also queues scheduled runs that are due: their run id names the source and the due
+time, so two runners that both see a source due create one run.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import logging
+import threading
+from collections.abc import Callable
+from datetime import datetime
+
+import redis
+
+from shared.errors import ErrorCode, RaglineError
+from shared.models import utcnow
+from shared.sources.models import Source, SyncRun
+from shared.sources.service import WAKE_KEY
+from shared.sources.store import source_key
+from shared.wiring import Services
+from workers import leader
+from workers.sources.sync import Stopped, SyncEngine
+from workers.sources.types import connector_for
+
+log = logging.getLogger(__name__)
+
+POLL_S = 5.0  # pending runs are looked for this often even when nobody wakes the runner
+
+
+def lease_key(run: SyncRun) -> str:
+    return f"ragline:sources:run:{source_key(run.tenant_id, run.kb_id, run.source_id)}"
+
+
+def scheduled_run_id(tenant_id: str, kb_id: str, source_id: str, due: str) -> str:
+    return "s" + hashlib.sha256(f"{source_key(tenant_id, kb_id, source_id)}@{due}".encode()).hexdigest()[:31]
+
+
+class Keeper:
+    """Renews a run's lease while the run goes on; `alive` turns false once it could not."""
+
+    def __init__(self, client: redis.Redis, key: str, me: str, ttl_s: int) -> None:
+        self.client, self.key, self.me, self.ttl_s = client, key, me, ttl_s
+        self.alive = True
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._renew, name="ragline-sync-lease", daemon=True)
+
+    def __enter__(self) -> Keeper:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self._stop.set()
+        self._thread.join(self.ttl_s)
+        with contextlib.suppress(redis.RedisError):
+            self.client.eval(leader._RELEASE, 1, self.key, self.me)
+
+    def _renew(self) -> None:
+        while not self._stop.wait(self.ttl_s / 4):
+            try:
+                self.alive = leader.hold(self.client, self.key, self.me, self.ttl_s)
+            except redis.RedisError:
+                self.alive = False
+            if not self.alive:
+                return
+
+
+def engine_of(services: Services) -> SyncEngine:
+    settings = services.settings
+    return SyncEngine(
+        services.source_store,
+        services.registry,
+        services.ingestor,
+        lambda source: connector_for(source, settings),
+        settings.api.retry_after_s,
+        settings.sources.max_items,
+    )
+
+
+class SyncRunner:
+    """`context` gives the process's services, built on first use (OpenSearch may be down at start)."""
+
+    def __init__(self, client: redis.Redis, me: str, context: Callable[[], Services], lease_s: int) -> None:
+        self.client, self.me, self.context, self.lease_s = client, me, context, lease_s
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, name="ragline-sync-runner", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self, timeout_s: float) -> None:
+        self._stop.set()
+        self._thread.join(timeout_s)
+
+    def _loop(self) -> None:
+        failures = 0
+        while not self._stop.is_set():
+            try:
+                self.queue_due()
+                ran = self.run_pending()
+                failures = 0
+            except Exception:
+                failures += 1
+                log.warning("sync runner round failed (%d in a row)", failures, exc_info=failures == 1)
+                ran = False
+            if not ran:
+                with contextlib.suppress(redis.RedisError):
+                    self.client.blpop([WAKE_KEY], timeout=POLL_S)
+
+    def queue_due(self) -> None:
+        """Queue a run of every scheduled source that is due."""
+        services = self.context()
+        store = services.source_store
+        for source in store.due(utcnow()):
+            due = source.next_run_at
+            assert due is not None
+            run_id = scheduled_run_id(source.tenant_id, source.kb_id, source.source_id, due.isoformat())
+            try:
+                services.sources.start(source, "schedule", run_id=run_id)
+            except RaglineError as error:
+                if error.code != ErrorCode.CONFLICT:
+                    raise  # CONFLICT: another runner queued this very run first
+
+            def taken(current: Source, due: datetime = due) -> Source:
+                """The next time is set when the run ends (workers/sources/sync.py)."""
+                return (
+                    current.model_copy(update={"next_run_at": None})
+                    if current.next_run_at == due
+                    else current
+                )
+
+            store.update(source.tenant_id, source.kb_id, source.source_id, taken)
+
+    def run_pending(self) -> bool:
+        """Claim one pending run and carry it out; False when there was none to claim."""
+        services = self.context()
+        store = services.source_store
+        for run in store.pending_runs():
+            key = lease_key(run)
+            if not leader.hold(self.client, key, self.me, self.lease_s):
+                continue
+            with Keeper(self.client, key, self.me, self.lease_s) as keeper:
+                current = store.get_run(run.tenant_id, run.kb_id, run.source_id, run.run_id)
+                if not current.status.active:
+                    continue  # ended or cancelled since it was listed
+                store.update_run(run.run_id, lambda r: r.model_copy(update={"claimed_by": self.me}))
+                try:
+                    engine_of(services).run(current, lambda: keeper.alive and not self._stop.is_set())
+                except Stopped:
+                    log.info("sync %s stopped (cancelled, lease lost or worker stopping)", run.run_id)
+            return True
+        return False

@@ -1,0 +1,376 @@
+"""One sync run of a source: list it, submit what is new or changed, delete what disappeared.
+
+The run is resumable. Each item's outcome is written with the run's id (in pages, as the listing
+goes), so a run that another worker resumes after a crash skips what was already done, and the
+counts a run reports are those records counted, never a tally that a crash could double.
+
+Nothing is deleted until the listing has ended without error: a listing cut short (an unreachable
+bucket, a site that went down) must not read as "everything is gone". An item that could not be
+read keeps its document as it was.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass, field
+from datetime import timedelta
+
+from shared.errors import ErrorCode, OutageError, RaglineError, TransientError
+from shared.ingest import Ingestor
+from shared.models import DocStatus, ErrorInfo, Outcome, check_doc_id, utcnow
+from shared.registry import NotFound, Registry
+from shared.sources.models import ItemFailure, ItemOutcome, ItemState, RunStatus, Source, SyncRun
+from shared.sources.store import SourceNotFound, SourceStore
+from workers.sources.connector import Connector, Found, Gone
+
+log = logging.getLogger(__name__)
+
+FLUSH_ITEMS, FLUSH_EVERY_S = 200, 5.0
+CHECK_EVERY_S = 2.0  # how often the run asks whether it may go on (cancelled, lease lost)
+_OUTCOMES = {
+    Outcome.CREATED: ItemOutcome.CREATED,
+    Outcome.UPDATED: ItemOutcome.UPDATED,
+    Outcome.UNCHANGED: ItemOutcome.UNCHANGED,
+}
+_ABSENT = (DocStatus.DELETED, DocStatus.DELETING)
+
+
+class Stopped(Exception):
+    """The run may not go on: it was cancelled, or this worker lost its claim on the source."""
+
+
+def failure(key: str, error: RaglineError) -> ItemFailure:
+    return ItemFailure(key=key, code=error.code.value, message=error.message[:500])
+
+
+@dataclass
+class _Pass:
+    """What one pass of a run holds while it lists the source."""
+
+    source: Source
+    run_id: str
+    connector: Connector
+    known: Mapping[str, ItemState]
+    present: Mapping[str, DocStatus]
+    seen: set[str] = field(default_factory=set)
+    pending: list[ItemState] = field(default_factory=list)
+    flushed_at: float = field(default_factory=time.monotonic)
+
+
+class SyncEngine:
+    def __init__(
+        self,
+        store: SourceStore,
+        registry: Registry,
+        ingestor: Ingestor,
+        connector_for: Callable[[Source], Connector],
+        retry_after_s: float,
+        max_items: int,
+    ) -> None:
+        self.store = store
+        self.registry = registry
+        self.ingestor = ingestor
+        self.connector_for = connector_for
+        self.retry_after_s = retry_after_s
+        self.max_items = max_items
+
+    def run(self, run: SyncRun, may_go_on: Callable[[], bool]) -> SyncRun:
+        """Carry `run` to its end (or until `may_go_on` says no, raising `Stopped`); an outage of
+        OpenSearch or Redis propagates and leaves the run to be resumed."""
+        started = self.store.update_run(run.run_id, _started)
+        source = self.store.get(run.tenant_id, run.kb_id, run.source_id)
+        try:
+            if started.trigger == "remove":
+                return self._remove(source, started, may_go_on)
+            connector = self.connector_for(source)
+        except (OutageError, Stopped):
+            raise
+        except RaglineError as error:
+            return self._end(source, started, RunStatus.FAILED, error=error)
+        try:
+            return self._sync(source, started, connector, may_go_on)
+        finally:
+            connector.close()
+
+    def _sync(
+        self, source: Source, run: SyncRun, connector: Connector, may_go_on: Callable[[], bool]
+    ) -> SyncRun:
+        scope = (source.tenant_id, source.kb_id, source.source_id)
+        state = _Pass(
+            source=source,
+            run_id=run.run_id,
+            connector=connector,
+            known=self.store.known(*scope),
+            present=self.registry.source_documents(*scope),
+        )
+        checked = time.monotonic()
+        try:
+            for entry in connector.scan(state.known, run.run_id):
+                if time.monotonic() - checked > CHECK_EVERY_S:
+                    self._check(run, may_go_on)
+                    checked = time.monotonic()
+                if len(state.seen) >= self.max_items:
+                    raise RaglineError(
+                        f"the source lists more than {self.max_items} items (RAGLINE_SOURCES__MAX_ITEMS)",
+                        code=ErrorCode.TOO_LARGE,
+                    )
+                outcome = self._gone(state, entry) if isinstance(entry, Gone) else self._take(state, entry)
+                if outcome is not None:
+                    self._keep(state, outcome)
+            self._flush(state, run)
+            if not connector.incremental:
+                self._check(run, may_go_on)
+                for key, known in state.known.items():
+                    if key not in state.seen and known.outcome != ItemOutcome.DELETED:
+                        self._keep(state, self._delete(state, known))
+                self._flush(state, run)
+        except (OutageError, Stopped):
+            self._flush(state, run)
+            raise
+        except RaglineError as error:  # the listing itself failed: delete nothing
+            self._flush(state, run)
+            return self._end(source, run, RunStatus.FAILED, error=error, listed=len(state.seen))
+        untouched = 0
+        if connector.incremental:
+            untouched = sum(
+                1
+                for key, known in state.known.items()
+                if key not in state.seen and known.outcome != ItemOutcome.DELETED
+            )
+        return self._end(
+            source,
+            run,
+            RunStatus.SUCCEEDED,
+            listed=len(state.seen) + untouched,
+            untouched=untouched,
+            cursor=connector.cursor(),
+        )
+
+    def _take(self, state: _Pass, entry: Found) -> ItemState | None:
+        if entry.key in state.seen:
+            return None  # listed twice (a page linked under two spellings): taken once
+        state.seen.add(entry.key)
+        known = state.known.get(entry.key)
+        if known is not None and known.run_id == state.run_id and known.outcome != ItemOutcome.FAILED:
+            return None  # done before this run was resumed
+        doc_id = state.source.doc_id_prefix + entry.doc_id
+        item = ItemState(
+            key=entry.key,
+            doc_id=doc_id,
+            run_id=state.run_id,
+            outcome=ItemOutcome.UNCHANGED,
+            extra=entry.extra,
+        )
+        if entry.error is not None:
+            return _failed(item, known, entry.error)
+        live = (
+            known is not None
+            and known.outcome != ItemOutcome.DELETED
+            and state.present.get(doc_id) not in (None, *_ABSENT)
+        )
+        if (
+            live
+            and known is not None
+            and (entry.unchanged or (entry.version is not None and entry.version == known.version))
+        ):
+            return item.model_copy(update={"version": known.version, "extra": entry.extra or known.extra})
+        try:
+            check_doc_id(doc_id)
+            data = entry.content if entry.content is not None else state.connector.read(entry)
+            submitted = self._submit(state, entry, doc_id, data)
+        except OutageError:
+            raise
+        except RaglineError as error:
+            return _failed(item, known, error)
+        return item.model_copy(update={"version": entry.version, "outcome": _OUTCOMES[submitted]})
+
+    def _submit(self, state: _Pass, entry: Found, doc_id: str, data: bytes) -> Outcome:
+        """Submit the item's bytes; while the tenant's queue is full (429), wait as a client would.
+
+        A resumed run submits again what it submitted before its worker died and had not yet
+        written down: the document, unchanged now, says what this run's submit brought it.
+        """
+        source = state.source
+        while True:
+            try:
+                result = self.ingestor.submit(
+                    source.tenant_id,
+                    source.kb_id,
+                    data,
+                    filename=entry.filename,
+                    mime_type=entry.mime_type,
+                    doc_id=doc_id,
+                    source_uri=entry.uri,
+                    source_id=source.source_id,
+                    batch_id=state.run_id,
+                )
+            except RaglineError as error:
+                if error.code != ErrorCode.RATE_LIMITED:
+                    raise
+                time.sleep(float(error.details.get("retry_after", self.retry_after_s)))
+                continue
+            if result.outcome == Outcome.UNCHANGED:
+                current = self.registry.get_doc(source.tenant_id, source.kb_id, doc_id)
+                if current is not None and current.doc.batch_id == state.run_id and current.doc.outcome:
+                    return current.doc.outcome
+            return result.outcome
+
+    def _gone(self, state: _Pass, entry: Gone) -> ItemState | None:
+        state.seen.add(entry.key)
+        known = state.known.get(entry.key)
+        if known is None or known.outcome == ItemOutcome.DELETED:
+            return None
+        return self._delete(state, known)
+
+    def _delete(self, state: _Pass, known: ItemState) -> ItemState:
+        source = state.source
+        try:
+            self.ingestor.delete(source.tenant_id, source.kb_id, known.doc_id)
+        except NotFound:
+            pass  # deleted by hand already
+        except (TransientError, OutageError):
+            raise
+        except RaglineError as error:
+            return known.model_copy(
+                update={
+                    "run_id": state.run_id,
+                    "outcome": ItemOutcome.FAILED,
+                    "error": failure(known.key, error),
+                }
+            )
+        return known.model_copy(
+            update={"run_id": state.run_id, "outcome": ItemOutcome.DELETED, "error": None}
+        )
+
+    def _keep(self, state: _Pass, item: ItemState) -> None:
+        state.pending.append(item)
+        if len(state.pending) >= FLUSH_ITEMS or time.monotonic() - state.flushed_at > FLUSH_EVERY_S:
+            self._flush(state, None)
+
+    def _flush(self, state: _Pass, run: SyncRun | None) -> None:
+        source = state.source
+        if state.pending:
+            self.store.put_items(source.tenant_id, source.kb_id, source.source_id, state.pending)
+            state.pending = []
+        state.flushed_at = time.monotonic()
+        listed = len(state.seen)
+        self.store.update_run(state.run_id, lambda r: r.model_copy(update={"listed": listed}))
+
+    def _check(self, run: SyncRun, may_go_on: Callable[[], bool]) -> None:
+        try:
+            current = self.store.get_run(run.tenant_id, run.kb_id, run.source_id, run.run_id)
+        except SourceNotFound:
+            raise Stopped(run.run_id) from None  # its knowledge base was deleted
+        if current.status == RunStatus.CANCELLED or not may_go_on():
+            raise Stopped(run.run_id)
+
+    def _remove(self, source: Source, run: SyncRun, may_go_on: Callable[[], bool]) -> SyncRun:
+        """A source's removal: delete every document it brought, then what it remembers, then it."""
+        scope = (source.tenant_id, source.kb_id, source.source_id)
+        state = _Pass(source, run.run_id, _NoConnector(), self.store.known(*scope), {})
+        for known in state.known.values():
+            if not may_go_on():
+                raise Stopped(run.run_id)
+            if known.outcome != ItemOutcome.DELETED:
+                self._keep(state, self._delete(state, known))
+        self._flush(state, run)
+        ended = self._end(source, run, RunStatus.SUCCEEDED, listed=0, keep_source=False)
+        self.store.drop_items(*scope)
+        self.store.drop_runs(*scope)
+        self.store.delete(*scope)
+        return ended
+
+    def _end(
+        self,
+        source: Source,
+        run: SyncRun,
+        status: RunStatus,
+        *,
+        error: RaglineError | None = None,
+        listed: int | None = None,
+        untouched: int = 0,
+        cursor: dict[str, object] | None = None,
+        keep_source: bool = True,
+    ) -> SyncRun:
+        scope = (source.tenant_id, source.kb_id, source.source_id)
+        counts = self.store.run_outcomes(*scope, run.run_id)
+        counts[ItemOutcome.UNCHANGED.value] += untouched
+        failures = self.store.run_failures(*scope, run.run_id)
+        finished = utcnow()
+
+        def end(current: SyncRun) -> SyncRun:
+            began = current.started_at or finished
+            return current.model_copy(
+                update={
+                    "status": status,
+                    "counts": counts,
+                    "listed": listed if listed is not None else current.listed,
+                    "failures": failures,
+                    "error": ErrorInfo(code=error.code.value, message=error.message[:500]) if error else None,
+                    "finished_at": finished,
+                    "duration_s": round((finished - began).total_seconds(), 3),
+                    "claimed_by": None,
+                }
+            )
+
+        # The source learns how the run ended before the run says it has: whoever sees the run
+        # ended reads its source's last run as that run.
+        ended = end(self.store.get_run(*scope, run.run_id))
+        if keep_source:
+
+            def record(current: Source) -> Source:
+                update: dict[str, object] = {"last_run": ended}
+                if cursor is not None and status == RunStatus.SUCCEEDED:
+                    update["cursor"] = cursor
+                if current.schedule is not None:
+                    update["next_run_at"] = finished + _interval(current)
+                return current.model_copy(update=update)
+
+            self.store.update(*scope, record)
+        if status == RunStatus.SUCCEEDED:
+            self.store.drop_tombstones(*scope, run.run_id)
+        ended = self.store.update_run(run.run_id, end)
+        log.info(
+            "sync %s of %s/%s ended %s: %s",
+            run.run_id,
+            source.kb_id,
+            source.source_id,
+            status.value,
+            counts,
+        )
+        return ended
+
+
+def _failed(item: ItemState, known: ItemState | None, error: RaglineError) -> ItemState:
+    """A failed item keeps the version it last had, so the next run compares with that again."""
+    previous = known.version if known is not None else None
+    return item.model_copy(
+        update={"version": previous, "outcome": ItemOutcome.FAILED, "error": failure(item.key, error)}
+    )
+
+
+def _interval(source: Source) -> timedelta:
+    assert source.schedule is not None
+    return timedelta(seconds=source.schedule.interval_s)
+
+
+def _started(run: SyncRun) -> SyncRun:
+    return run.model_copy(
+        update={
+            "status": RunStatus.RUNNING,
+            "attempts": run.attempts + 1,
+            "started_at": run.started_at or utcnow(),
+        }
+    )
+
+
+class _NoConnector(Connector):
+    """The removal pass lists nothing: it only deletes what the source remembers."""
+
+    def scan(self, known: Mapping[str, ItemState], run_id: str) -> Iterator[Found | Gone]:
+        return iter(())
+
+    def read(self, item: Found) -> bytes:
+        raise NotImplementedError
