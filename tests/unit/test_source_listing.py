@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import gzip
+import zlib
 
 import pytest
 
-from shared.errors import RaglineError
+from shared.errors import ErrorCode, RaglineError
 from workers.sources.connector import selected
 from workers.sources.web import links_of, page_doc_id, sitemap_entries
 
@@ -62,17 +63,40 @@ def test_sitemaps_and_sitemap_indexes_plain_or_gzipped() -> None:
     urlset = b"""<?xml version="1.0"?><urlset xmlns="http://www.sitemaps.org/schemas/sitemap/0.9">
         <url><loc> http://h/a.html </loc><lastmod>2026-01-01</lastmod></url><url><loc>http://h/b.html</loc></url>
         </urlset>"""
-    assert sitemap_entries(urlset) == (["http://h/a.html", "http://h/b.html"], [])
-    assert sitemap_entries(gzip.compress(urlset)) == (["http://h/a.html", "http://h/b.html"], [])
+    assert sitemap_entries(urlset, 1 << 20) == (["http://h/a.html", "http://h/b.html"], [])
+    assert sitemap_entries(gzip.compress(urlset), 1 << 20) == (["http://h/a.html", "http://h/b.html"], [])
     index = b"""<sitemapindex xmlns="http://www.sitemaps.org/schemas/sitemap/0.9">
         <sitemap><loc>http://h/s1.xml</loc></sitemap></sitemapindex>"""
-    assert sitemap_entries(index) == ([], ["http://h/s1.xml"])
+    assert sitemap_entries(index, 1 << 20) == ([], ["http://h/s1.xml"])
 
 
 def test_a_sitemap_with_entities_or_broken_xml_is_refused_unexpanded() -> None:
     bomb = b"""<?xml version="1.0"?><!DOCTYPE x [<!ENTITY a "aaaaaaaaaa"><!ENTITY b "&a;&a;&a;&a;&a;">]>
         <urlset><url><loc>http://h/&b;</loc></url></urlset>"""
-    pages, _ = sitemap_entries(bomb)
+    pages, _ = sitemap_entries(bomb, 1 << 20)
     assert all("aaaaaaaaaa" not in page for page in pages)
     with pytest.raises(RaglineError, match="not well-formed"):
-        sitemap_entries(b"<urlset><url>")
+        sitemap_entries(b"<urlset><url>", 1 << 20)
+
+
+def test_a_link_no_url_parser_reads_is_left_and_the_others_kept() -> None:
+    # urljoin raises ValueError on these; uncaught, one typo on a page failed its site's every run.
+    body = b"""<html><body><a href="http://[oops/">typo</a> <a href="ok.html">ok</a></body></html>"""
+    assert links_of(body, "http://h/docs/") == ["http://h/docs/ok.html"]
+    broken_base = b"""<html><head><base href="http://[::1"></head><body><a href="x.html">x</a></body>"""
+    assert links_of(broken_base, "http://h/docs/") == ["http://h/docs/x.html"]
+
+
+def test_a_gzipped_sitemap_inflates_within_the_limit_and_a_corrupt_one_is_a_parse_error() -> None:
+    # A thousandfold compression bomb: inflated whole, the limit's worth of download would fill the
+    # worker's memory a thousand times over.
+    packer = zlib.compressobj(9, zlib.DEFLATED, 16 + zlib.MAX_WBITS)
+    bomb = packer.compress(b"\0" * (8 << 20)) + packer.flush()
+    with pytest.raises(RaglineError) as too_large:
+        sitemap_entries(bomb, 1 << 20)
+    assert too_large.value.code == ErrorCode.TOO_LARGE
+    urlset = b"<urlset><url><loc>http://h/a.html</loc></url></urlset>"
+    for corrupt in (b"\x1f\x8b" + b"not gzip at all", gzip.compress(urlset)[:20]):
+        with pytest.raises(RaglineError) as error:
+            sitemap_entries(corrupt, 1 << 20)
+        assert error.value.code == ErrorCode.PARSE_ERROR

@@ -45,7 +45,7 @@ class FolderConnector(Connector):
         self.max_bytes = max_bytes
 
     def scan(self, known: Mapping[str, ItemState], run_id: str) -> Iterator[Found | Gone]:
-        for directory, subdirs, files in os.walk(self.root, followlinks=False):
+        for directory, subdirs, files in os.walk(self.root, followlinks=False, onerror=_unreadable):
             subdirs.sort()
             for name in sorted(files):
                 path = Path(directory, name)
@@ -54,6 +54,20 @@ class FolderConnector(Connector):
                     continue
                 info = self._regular(path)
                 if info is None:
+                    continue
+                if not _utf8(relative):
+                    # Such a name cannot be stored or shown (JSON holds no lone surrogates); its
+                    # key is the name with the undecodable bytes replaced, and the item fails.
+                    key = os.fsencode(relative).decode("utf-8", "replace")
+                    yield Found(
+                        key=key,
+                        uri=path.as_uri(),
+                        version=None,
+                        doc_id=safe_doc_id(key),
+                        error=RaglineError(
+                            "the file's name is not valid UTF-8; rename it", code=ErrorCode.INVALID_ARGUMENT
+                        ),
+                    )
                     continue
                 yield Found(
                     key=relative,
@@ -77,10 +91,44 @@ class FolderConnector(Connector):
         path = self.root / item.key
         if self._regular(path) is None:
             raise RaglineError("the file is gone or is no longer a regular file", code=ErrorCode.NOT_FOUND)
-        with path.open("rb") as file:
-            data = file.read(self.max_bytes + 1)
+        try:
+            with path.open("rb") as file:
+                data = file.read(self.max_bytes + 1)
+        except FileNotFoundError:
+            raise RaglineError(
+                "the file was deleted while the run listed the folder", code=ErrorCode.NOT_FOUND
+            ) from None
+        except PermissionError:
+            raise RaglineError("the workers may not read the file", code=ErrorCode.FORBIDDEN) from None
+        except OSError as error:
+            raise RaglineError(
+                f"the file could not be read ({error.strerror or type(error).__name__})",
+                code=ErrorCode.UNAVAILABLE,
+            ) from None
         if len(data) > self.max_bytes:
             raise RaglineError(
                 f"the file exceeds the limit of {self.max_bytes} bytes", code=ErrorCode.TOO_LARGE
             )
         return data
+
+
+def _utf8(name: str) -> bool:
+    """Whether a name read from the file system was valid UTF-8 (Python keeps the bytes of one that
+    was not as lone surrogates, which no JSON encoder writes)."""
+    try:
+        name.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
+def _unreadable(error: OSError) -> None:
+    """A directory the walk cannot read fails the listing: skipped, its files would read as deleted
+    and their documents go. One that vanished meanwhile is gone with its files, as the walk says."""
+    if isinstance(error, FileNotFoundError | NotADirectoryError):
+        return
+    raise RaglineError(
+        f"a directory of the source could not be read ({error.strerror or type(error).__name__}); "
+        "nothing was deleted",
+        code=ErrorCode.UNAVAILABLE,
+    )

@@ -11,6 +11,7 @@ read keeps its document as it was.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import time
 from collections.abc import Callable, Iterator, Mapping
@@ -55,6 +56,9 @@ class _Pass:
     known: Mapping[str, ItemState]
     present: Mapping[str, DocStatus]
     seen: set[str] = field(default_factory=set)
+    # The key each document id was taken for in this pass: two keys may name one document (a page
+    # linked as "a/" and as "a/index.html", files "a b.txt" and "a-b.txt"), and the first keeps it.
+    claimed: dict[str, str] = field(default_factory=dict)
     pending: list[ItemState] = field(default_factory=list)
     flushed_at: float = field(default_factory=time.monotonic)
 
@@ -84,7 +88,8 @@ class SyncEngine:
         try:
             if started.trigger == "remove":
                 return self._remove(source, started, may_go_on)
-            connector = self.connector_for(source)
+            with _connector_faults("setup"):
+                connector = self.connector_for(source)
         except (OutageError, Stopped):
             raise
         except RaglineError as error:
@@ -107,7 +112,7 @@ class SyncEngine:
         )
         checked = time.monotonic()
         try:
-            for entry in connector.scan(state.known, run.run_id):
+            for entry in _listed(connector.scan(state.known, run.run_id)):
                 if time.monotonic() - checked > CHECK_EVERY_S:
                     self._check(run, may_go_on)
                     checked = time.monotonic()
@@ -153,9 +158,10 @@ class SyncEngine:
             return None  # listed twice (a page linked under two spellings): taken once
         state.seen.add(entry.key)
         known = state.known.get(entry.key)
+        doc_id = state.source.doc_id_prefix + entry.doc_id
+        owner = state.claimed.setdefault(doc_id, entry.key)
         if known is not None and known.run_id == state.run_id and known.outcome != ItemOutcome.FAILED:
             return None  # done before this run was resumed
-        doc_id = state.source.doc_id_prefix + entry.doc_id
         item = ItemState(
             key=entry.key,
             doc_id=doc_id,
@@ -163,6 +169,13 @@ class SyncEngine:
             outcome=ItemOutcome.UNCHANGED,
             extra=entry.extra,
         )
+        if owner != entry.key:
+            taken = RaglineError(
+                f"'{entry.key}' becomes document '{doc_id}', which '{owner}' of this source already "
+                "is; only that one is taken",
+                code=ErrorCode.CONFLICT,
+            )
+            return _failed(item, known, taken)
         if entry.error is not None:
             return _failed(item, known, entry.error)
         live = (
@@ -178,7 +191,11 @@ class SyncEngine:
             return item.model_copy(update={"version": known.version, "extra": entry.extra or known.extra})
         try:
             check_doc_id(doc_id)
-            data = entry.content if entry.content is not None else state.connector.read(entry)
+            if entry.content is not None:
+                data = entry.content
+            else:
+                with _connector_faults("read"):
+                    data = state.connector.read(entry)
             submitted = self._submit(state, entry, doc_id, data)
         except OutageError:
             raise
@@ -226,6 +243,11 @@ class SyncEngine:
 
     def _delete(self, state: _Pass, known: ItemState) -> ItemState:
         source = state.source
+        deleted = known.model_copy(
+            update={"run_id": state.run_id, "outcome": ItemOutcome.DELETED, "error": None}
+        )
+        if state.claimed.get(known.doc_id, known.key) != known.key:
+            return deleted  # its document is another item's, still at the source
         try:
             self.ingestor.delete(source.tenant_id, source.kb_id, known.doc_id)
         except NotFound:
@@ -240,9 +262,7 @@ class SyncEngine:
                     "error": failure(known.key, error),
                 }
             )
-        return known.model_copy(
-            update={"run_id": state.run_id, "outcome": ItemOutcome.DELETED, "error": None}
-        )
+        return deleted
 
     def _keep(self, state: _Pass, item: ItemState) -> None:
         state.pending.append(item)
@@ -276,6 +296,16 @@ class SyncEngine:
             if known.outcome != ItemOutcome.DELETED:
                 self._keep(state, self._delete(state, known))
         self._flush(state, run)
+        # A document the source brought without a record of it (a run that died before writing
+        # its items down, a record that failed to be written) is the source's all the same.
+        remembered = {k.doc_id for k in state.known.values() if k.outcome != ItemOutcome.DELETED}
+        for doc_id, status in self.registry.source_documents(*scope).items():
+            if doc_id in remembered or status in _ABSENT:
+                continue
+            if not may_go_on():
+                raise Stopped(run.run_id)
+            with contextlib.suppress(NotFound):
+                self.ingestor.delete(source.tenant_id, source.kb_id, doc_id)
         ended = self._end(source, run, RunStatus.SUCCEEDED, listed=0, keep_source=False)
         self.store.drop_items(*scope)
         self.store.drop_runs(*scope)
@@ -341,6 +371,33 @@ class SyncEngine:
             counts,
         )
         return ended
+
+
+@contextlib.contextmanager
+def _connector_faults(what: str) -> Iterator[None]:
+    """An exception a connector did not type (a bug, or input nobody foresaw: a link no URL parser
+    reads, a corrupt archive) is INTERNAL: it fails the listing or the item like any typed error.
+    Left to the runner, the run would stay running and be retried for ever, ahead of every run
+    queued after it."""
+    try:
+        yield
+    except RaglineError:
+        raise
+    except Exception as error:
+        log.exception("a source connector's %s failed", what)
+        raise RaglineError(
+            f"the source's {what} failed unexpectedly ({type(error).__name__})", code=ErrorCode.INTERNAL
+        ) from error
+
+
+def _listed(entries: Iterator[Found | Gone]) -> Iterator[Found | Gone]:
+    """The connector's listing, its untyped exceptions typed (`_connector_faults`)."""
+    while True:
+        with _connector_faults("listing"):
+            entry = next(entries, None)
+        if entry is None:
+            return
+        yield entry
 
 
 def _failed(item: ItemState, known: ItemState | None, error: RaglineError) -> ItemState:

@@ -17,9 +17,9 @@ only what the fetch policy allows, redirects included. The crawl:
 
 from __future__ import annotations
 
-import gzip
 import hashlib
 import time
+import zlib
 from collections import deque
 from collections.abc import Iterator, Mapping
 from dataclasses import replace
@@ -81,19 +81,56 @@ def links_of(body: bytes, base: str) -> list[str]:
     except (etree.ParserError, ValueError):
         return []
     declared = root.xpath("//base/@href")
-    base = urljoin(base, str(declared[0])) if declared else base
+    base = (_joined(base, str(declared[0])) or base) if declared else base
     found: list[str] = []
     for href in root.xpath("//a/@href"):
-        target = _normal(urljoin(base, str(href).strip()))
-        if target.startswith(("http://", "https://")) and target not in found:
+        target = _joined(base, str(href))
+        if target is not None and target.startswith(("http://", "https://")) and target not in found:
             found.append(target)
     return found
 
 
-def sitemap_entries(body: bytes) -> tuple[list[str], list[str]]:
-    """(pages, further sitemaps) a sitemap or sitemap index names."""
+def _readable(url: str) -> str | None:
+    """The URL without its fragment; None for one no URL parser reads."""
+    try:
+        return _normal(url)
+    except ValueError:
+        return None
+
+
+def _joined(base: str, href: str) -> str | None:
+    """The link's absolute URL without its fragment; None for one no URL parser reads ("http://[x"):
+    a page's typo must not fail its site's run."""
+    try:
+        return _normal(urljoin(base, href.strip()))
+    except ValueError:
+        return None
+
+
+def _gunzipped(body: bytes, max_bytes: int) -> bytes:
+    """A gzipped sitemap inflated to at most `max_bytes`: a small file may inflate a thousandfold,
+    and the worker's main process holds it whole."""
+    inflater = zlib.decompressobj(16 + zlib.MAX_WBITS)
+    try:
+        data = inflater.decompress(body, max_bytes + 1)
+    except zlib.error:
+        raise RaglineError("the gzipped sitemap is corrupt", code=ErrorCode.PARSE_ERROR) from None
+    if len(data) > max_bytes or inflater.unconsumed_tail:
+        raise RaglineError(
+            f"the sitemap inflates beyond the fetch limit of {max_bytes} bytes",
+            code=ErrorCode.TOO_LARGE,
+            details={"limit": max_bytes},
+        )
+    if not inflater.eof:
+        raise RaglineError("the gzipped sitemap is cut short", code=ErrorCode.PARSE_ERROR)
+    return data
+
+
+def sitemap_entries(body: bytes, max_bytes: int) -> tuple[list[str], list[str]]:
+    """(pages, further sitemaps) a sitemap or sitemap index names; a gzipped one is inflated to at
+    most `max_bytes`."""
     if body[:2] == b"\x1f\x8b":
-        body = gzip.decompress(body)
+        body = _gunzipped(body, max_bytes)
     try:
         root = etree.fromstring(body, parser=_SAFE_XML)
     except etree.XMLSyntaxError:
@@ -135,8 +172,8 @@ class WebConnector(Connector):
             seen_maps.add(url)
             with self.fetcher.open(url) as fetched:
                 body = b"".join(fetched.body)
-            more_pages, more_maps = sitemap_entries(body)
-            pages += [p for p in map(_normal, more_pages) if self._within(p)]
+            more_pages, more_maps = sitemap_entries(body, self.fetcher.max_bytes)
+            pages += [p for p in map(_readable, more_pages) if p is not None and self._within(p)]
             pending.extend(m for m in more_maps if m not in seen_maps)
         taken = 0
         for url in dict.fromkeys(pages):
