@@ -153,11 +153,12 @@ def head_object(s3: S3Client, bucket: str, key: str, where: str) -> ObjectInfo |
     return info_of(key, answer)
 
 
-def read_object(s3: S3Client, bucket: str, key: str, where: str) -> bytes:
-    """The object's bytes; FileNotFoundError when there is none."""
+def read_object(s3: S3Client, bucket: str, key: str, where: str, limit: int | None = None) -> bytes:
+    """The object's bytes, or at most `limit` + 1 of them (the caller refuses an object over its
+    limit: a store need not send what its listing said); FileNotFoundError when there is none."""
     with translated(bucket, where):
         body = s3.get_object(Bucket=bucket, Key=key)["Body"]
         try:
-            return body.read()
+            return body.read() if limit is None else body.read(limit + 1)
         finally:
             body.close()

@@ -4,8 +4,9 @@ An object's version is its ETag, which the listing gives: an unchanged bucket is
 no object read. The store a source names is reached only when the fetch policy allows its
 address (checked here after resolving it, as the fetcher checks a URL); the deployment's own
 store (`RAGLINE_SOURCES__S3_ENDPOINT_URL`) is the operator's and is not checked. The deployment's
-credentials serve only the buckets `RAGLINE_SOURCES__S3_BUCKETS` names for the source's tenant:
-a tenant must not read another's bucket with keys it was never given.
+credentials serve only the buckets `RAGLINE_SOURCES__S3_BUCKETS` names for the source's tenant,
+on the deployment's store: a tenant must not read another's bucket with keys it was never given,
+nor have them sign requests to a server of its choosing.
 
 A store that cannot be reached, or refuses, fails the run (UNAVAILABLE, FORBIDDEN, NOT_FOUND):
 it is the source's store, not Ragline's, and the next run tries again.
@@ -45,6 +46,12 @@ def endpoint_for(settings: S3Settings, deployment: Settings, tenant_id: str) -> 
                 "secret_access_key",
                 code=ErrorCode.FORBIDDEN,
             )
+    if not own_keys and settings.endpoint_url not in (None, sources.s3_endpoint_url):
+        raise PermanentError(
+            "a source that names its own endpoint_url gives its own access_key_id and "
+            "secret_access_key: the deployment's credentials are sent to the deployment's store only",
+            code=ErrorCode.FORBIDDEN,
+        )
     if settings.endpoint_url is not None:
         target = check_url(settings.endpoint_url)
         policy = FetchPolicy.of(deployment.fetch.allow)
@@ -107,7 +114,9 @@ class S3Connector(Connector):
     def read(self, item: Found) -> bytes:
         try:
             with _the_sources_store(self.settings.bucket):
-                data = read_object(self.client, self.settings.bucket, item.key, self.where)
+                data = read_object(
+                    self.client, self.settings.bucket, item.key, self.where, limit=self.max_bytes
+                )
         except FileNotFoundError:
             raise RaglineError(
                 "the object was deleted while the run listed the bucket", code=ErrorCode.NOT_FOUND
