@@ -59,3 +59,23 @@ def test_a_directory_the_walk_cannot_read_fails_the_listing(tmp_path: Path) -> N
         list(_connector(root).scan({}, "run"))
     assert error.value.code == ErrorCode.UNAVAILABLE
     assert "nothing was deleted" in error.value.message
+
+
+def test_a_directory_swapped_for_a_link_after_the_listing_leads_nowhere(tmp_path: Path) -> None:
+    roots = tmp_path / "roots"
+    root = roots / "share"
+    (root / "sub").mkdir(parents=True)
+    (root / "sub" / "shadow").write_text("listed inside the folder")
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (outside / "shadow").write_text("a secret outside every root")
+    connector = FolderConnector(FolderSettings(path=str(root)), [roots], max_bytes=1 << 20)
+    (item,) = [found for found in connector.scan({}, "run") if isinstance(found, Found)]
+    assert connector.read(item) == b"listed inside the folder"
+    # Whoever can write the folder swaps a directory the walk listed for a link out of the roots;
+    # the path's last part is no link, so a check of it alone read the secret.
+    (root / "sub").rename(root / "sub.listed")
+    (root / "sub").symlink_to(outside)
+    with pytest.raises(RaglineError) as error:
+        connector.read(item)
+    assert error.value.code == ErrorCode.NOT_FOUND

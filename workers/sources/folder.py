@@ -2,7 +2,8 @@
 
 A file's version is its modification time and size, so an unchanged file is never read again. The
 walk does not follow directory links, and a file link counts only when it points at a regular file
-inside the source's directory: a source must not read what its directory does not hold.
+inside the source's directory: a source must not read what its directory does not hold. A read
+checks the file it opened, so a directory swapped for a link after the listing leads nowhere.
 """
 
 from __future__ import annotations
@@ -92,7 +93,16 @@ class FolderConnector(Connector):
         if self._regular(path) is None:
             raise RaglineError("the file is gone or is no longer a regular file", code=ErrorCode.NOT_FOUND)
         try:
-            with path.open("rb") as file:
+            # Not blocking: a FIFO put in the file's place would otherwise hold the run for ever.
+            fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY)
+            with os.fdopen(fd, "rb") as file:
+                # What was opened, not what the path named a moment before: a directory on the way
+                # may have been swapped for a link since the listing (or the check above).
+                if not stat.S_ISREG(os.fstat(fd).st_mode) or not _opened(fd, path).is_relative_to(self.root):
+                    raise RaglineError(
+                        "the file is no longer a regular file inside the source's directory",
+                        code=ErrorCode.NOT_FOUND,
+                    )
                 data = file.read(self.max_bytes + 1)
         except FileNotFoundError:
             raise RaglineError(
@@ -110,6 +120,14 @@ class FolderConnector(Connector):
                 f"the file exceeds the limit of {self.max_bytes} bytes", code=ErrorCode.TOO_LARGE
             )
         return data
+
+
+def _opened(fd: int, path: Path) -> Path:
+    """Where an open file is: what /proc says of its descriptor (Linux), else its path resolved now."""
+    try:
+        return Path(os.readlink(f"/proc/self/fd/{fd}"))
+    except OSError:
+        return path.resolve()
 
 
 def _utf8(name: str) -> bool:

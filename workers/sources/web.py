@@ -32,6 +32,7 @@ from protego import Protego
 from shared.config import FetchSettings
 from shared.errors import ErrorCode, RaglineError
 from shared.fetch.client import Fetcher, Validators
+from shared.fetch.policy import MAX_URL_CHARS
 from shared.models import safe_doc_id
 from shared.sources.models import ItemOutcome, ItemState, WebSettings
 from workers.sources.connector import Connector, Found, Gone
@@ -85,7 +86,14 @@ def links_of(body: bytes, base: str) -> list[str]:
     found: list[str] = []
     for href in root.xpath("//a/@href"):
         target = _joined(base, str(href))
-        if target is not None and target.startswith(("http://", "https://")) and target not in found:
+        if (
+            target is not None
+            and target.startswith(("http://", "https://"))
+            # Longer ones are never fetched; kept, a long <base> made a small page's 2,000 links
+            # (remembered with the page) a record too large to store, and the run could not end.
+            and len(target) <= MAX_URL_CHARS
+            and target not in found
+        ):
             found.append(target)
     return found
 
