@@ -169,3 +169,19 @@ def test_a_removal_deletes_the_documents_of_a_run_that_died_before_writing_its_i
     removal = case.run(Listing([]), trigger="remove")
     assert removal.status == RunStatus.SUCCEEDED
     assert case.live() == {}
+
+
+def test_an_upload_that_took_a_gone_items_id_is_not_deleted_by_the_source(case: Case) -> None:
+    first = case.run(Listing([_item("u.txt"), _item("v.txt")]))
+    assert first.counts["created"] == 2
+    kb = case.kb
+    # The user deletes the source's document by hand and uploads one of their own under its id
+    # (free again: a deleted document belongs to nobody).
+    case.services.ingestor.delete(kb.tenant_id, kb.kb_id, "u.txt")
+    case.services.ingestor.submit(kb.tenant_id, kb.kb_id, b"my own upload", filename="u.txt", doc_id="u.txt")
+    # u.txt is gone at the source: the source forgets it, and leaves the upload alone.
+    second = case.run(Listing([_item("v.txt")]))
+    assert second.status == RunStatus.SUCCEEDED
+    upload = case.services.registry.require_doc(kb.tenant_id, kb.kb_id, "u.txt").doc
+    assert upload.source_id is None
+    assert upload.status not in _ABSENT

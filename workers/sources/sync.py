@@ -248,6 +248,8 @@ class SyncEngine:
         )
         if state.claimed.get(known.doc_id, known.key) != known.key:
             return deleted  # its document is another item's, still at the source
+        if state.present.get(known.doc_id) in (None, *_ABSENT):
+            return deleted  # deleted by hand already, its id maybe an upload's now: not the source's
         try:
             self.ingestor.delete(source.tenant_id, source.kb_id, known.doc_id)
         except NotFound:
@@ -289,7 +291,8 @@ class SyncEngine:
     def _remove(self, source: Source, run: SyncRun, may_go_on: Callable[[], bool]) -> SyncRun:
         """A source's removal: delete every document it brought, then what it remembers, then it."""
         scope = (source.tenant_id, source.kb_id, source.source_id)
-        state = _Pass(source, run.run_id, _NoConnector(), self.store.known(*scope), {})
+        present = self.registry.source_documents(*scope)
+        state = _Pass(source, run.run_id, _NoConnector(), self.store.known(*scope), present)
         for known in state.known.values():
             if not may_go_on():
                 raise Stopped(run.run_id)
@@ -299,7 +302,7 @@ class SyncEngine:
         # A document the source brought without a record of it (a run that died before writing
         # its items down, a record that failed to be written) is the source's all the same.
         remembered = {k.doc_id for k in state.known.values() if k.outcome != ItemOutcome.DELETED}
-        for doc_id, status in self.registry.source_documents(*scope).items():
+        for doc_id, status in present.items():
             if doc_id in remembered or status in _ABSENT:
                 continue
             if not may_go_on():
