@@ -267,12 +267,32 @@ def test_a_repository_in_the_roots_may_not_borrow_from_outside_them(
     git(linking, "init", "-q", "--bare")
     subprocess.run(["rm", "-rf", str(linking / "objects")], check=True)
     (linking / "objects").symlink_to(outside / "objects")
-    for path in (pointing, borrowing, linking):
+    # Packs and refs linked from another root (a repository of another tenant's root), and an empty
+    # directory beside a link named like it plus ".git", which git reads when the path is none.
+    other = tmp_path / "other"
+    other.mkdir()
+    git(other, "init", "-q", "-b", "main")
+    commit(other, {"secret.txt": "another root's file"})
+    git(other, "gc", "-q")
+    packs = roots[0] / "packs"
+    (packs / ".git" / "objects" / "info").mkdir(parents=True)
+    (packs / ".git" / "refs" / "heads").mkdir(parents=True)
+    (packs / ".git" / "HEAD").write_text("ref: refs/heads/main\n")
+    (packs / ".git" / "objects" / "pack").symlink_to(other / ".git" / "objects" / "pack")
+    (packs / ".git" / "packed-refs").symlink_to(other / ".git" / "packed-refs")
+    beside = roots[0] / "beside"
+    beside.mkdir()
+    (roots[0] / "beside.git").symlink_to(other / ".git")
+    for path in (pointing, borrowing, linking, packs, beside):
         with pytest.raises(RaglineError) as refused:
             remote_for(str(path), roots, FetchPolicy(), fixed())
         assert refused.value.code == ErrorCode.FORBIDDEN
-    inside = remote_for(str(roots[0]), roots, FetchPolicy(), fixed())
+    plain = roots[0] / "plain"
+    plain.mkdir()
+    git(plain, "init", "-q", "-b", "main")
+    inside = remote_for(str(plain), roots, FetchPolicy(), fixed())
     assert inside.protocol == "file"
+    assert inside.fetch_from == str(plain / ".git")
 
 
 # listings of real repositories

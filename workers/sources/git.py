@@ -240,13 +240,16 @@ def remote_for(url: str, roots: list[Path], policy: FetchPolicy, resolver: Resol
             code=ErrorCode.INVALID_ARGUMENT,
         )
     directory = inside_roots(url, roots)
-    _check_git_dir(directory, roots)
-    return Remote(str(directory), "file", (), directory.as_uri())
+    # git is given the git directory checked, not the path: it would look further (`<path>.git`)
+    # where the path is no repository.
+    git_dir = _check_git_dir(directory, roots)
+    return Remote(str(git_dir), "file", (), directory.as_uri())
 
 
-def _check_git_dir(directory: Path, roots: list[Path]) -> None:
-    """The repository's git directory and every object store it borrows from lie inside the roots:
-    a `.git` file, `commondir` or `alternates` could otherwise read a repository elsewhere."""
+def _check_git_dir(directory: Path, roots: list[Path]) -> Path:
+    """The repository's git directory, once it, every object store it borrows from and every link in
+    them are found to lie inside the roots: a `.git` file, `commondir`, `alternates` or a linked
+    pack or ref could otherwise read a repository elsewhere."""
     resolved_roots = [root.resolve() for root in roots]
 
     def inside(path: Path) -> bool:
@@ -272,11 +275,25 @@ def _check_git_dir(directory: Path, roots: list[Path]) -> None:
             for line in alternates.read_text(errors="replace").splitlines():
                 if line.strip() and not line.startswith("#"):
                     linked.append(base / "objects" / line.strip())
-    if not all(inside(path) for path in linked):
+    # Any link in a git directory (objects/pack, packed-refs, refs/...) is read by git as its own:
+    # a repository of one tenant's root linking to another's packs and refs lists its files.
+    for base in git_dirs:
+        for where, subdirs, files in os.walk(base, followlinks=False):
+            linked += [Path(where, n) for n in (*subdirs, *files) if Path(where, n).is_symlink()]
+    # Where the git directory is not one to git (a HEAD it does not read), git tries `<dir>.git`
+    # (`<dir>/.git`, which it tries first, is inside the walk above).
+    beside = git_dir.with_name(git_dir.name + ".git")
+    if os.path.lexists(beside) or not all(inside(path) for path in linked):
         raise PermanentError(
-            "the repository's git directory or object store is not inside RAGLINE_SOURCES__FOLDER_ROOTS",
+            "the repository's git directory or object store is not inside RAGLINE_SOURCES__FOLDER_ROOTS"
+            f" (or '{beside.name}' lies beside it, which git could read instead)",
             code=ErrorCode.FORBIDDEN,
         )
+    if not os.path.lexists(git_dir / "HEAD"):
+        raise PermanentError(
+            "the path is not a git repository (no HEAD in it or in its .git)", code=ErrorCode.INVALID_ARGUMENT
+        )
+    return git_dir
 
 
 def cache_dir(state_dir: Path, tenant_id: str, kb_id: str, source_id: str, url: str) -> Path:
