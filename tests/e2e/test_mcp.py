@@ -38,6 +38,10 @@ TOOLS = {
     "list_documents",
     "get_batch_status",
     "read_document",
+    "list_sources",
+    "add_source",
+    "sync_source",
+    "remove_source",
 }
 READ_ONLY = {
     "list_knowledge_bases",
@@ -46,6 +50,7 @@ READ_ONLY = {
     "list_documents",
     "get_batch_status",
     "read_document",
+    "list_sources",
 }
 
 

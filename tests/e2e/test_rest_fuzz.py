@@ -47,7 +47,20 @@ def _seed(client: httpx.Client) -> dict[str, str]:
     uploaded = client.post(f"/v1/kbs/{kb}/documents", json=body)
     assert uploaded.status_code == 202, uploaded.text
     wait_ready(client, kb, ["target.txt"])
-    return {"kb_id": kb, "doc_id": "target.txt", "batch_id": uploaded.json()["batch_id"]}
+    # A public literal address: added without a DNS lookup; its runs fail (no route), as a fuzz target may.
+    source = {"type": "web", "settings": {"url": "http://93.184.216.34/docs/"}}
+    added = client.post(f"/v1/kbs/{kb}/sources", json=source)
+    assert added.status_code == 201, added.text
+    source_id = added.json()["source_id"]
+    run = client.post(f"/v1/kbs/{kb}/sources/{source_id}/sync")
+    assert run.status_code == 202, run.text
+    return {
+        "kb_id": kb,
+        "doc_id": "target.txt",
+        "batch_id": uploaded.json()["batch_id"],
+        "source_id": source_id,
+        "run_id": run.json()["run_id"],
+    }
 
 
 def test_fuzzed_requests_never_get_a_server_error(server: Server) -> None:
