@@ -16,14 +16,14 @@ from typing import Any
 import redis
 
 from shared.config import REPO_ROOT, Settings
-from shared.embedding import encoder
+from shared.embedding import encoder, for_model
 
 STACK = REPO_ROOT / "deploy" / "local" / "stack.sh"
 EMBED_CACHE = "ragline:emb:*"
 
 
-def _encode_share(settings: Settings, texts: list[str], start: Any, out: Any) -> None:
-    model = encoder(settings.embedding)
+def _encode_share(settings: Settings, model_name: str, texts: list[str], start: Any, out: Any) -> None:
+    model = encoder(for_model(settings.embedding, model_name))
     model.encode(texts[:8])  # load and warm up before the clock starts
     start.wait()
     began, cpu = time.time(), time.process_time()
@@ -31,12 +31,16 @@ def _encode_share(settings: Settings, texts: list[str], start: Any, out: Any) ->
     out.put((began, time.time(), time.process_time() - cpu))
 
 
-def raw_model(settings: Settings, texts: list[str], processes: int) -> dict[str, float]:
-    """Chunks/s of the bare encoder over `texts`, split across `processes` processes started together."""
+def raw_model(
+    settings: Settings, texts: list[str], processes: int, model: str | None = None
+) -> dict[str, float]:
+    """Chunks/s of the bare encoder of `model` (default: the configured one) over `texts`, split
+    across `processes` processes started together."""
     context = multiprocessing.get_context("spawn")  # a clean interpreter, as a worker process has
     start, out = context.Barrier(processes), context.Queue()
     shares = [texts[i::processes] for i in range(processes)]
-    workers = [context.Process(target=_encode_share, args=(settings, s, start, out)) for s in shares]
+    name = model or settings.embedding.model
+    workers = [context.Process(target=_encode_share, args=(settings, name, s, start, out)) for s in shares]
     for worker in workers:
         worker.start()
     spans = [out.get(timeout=3600) for _ in workers]

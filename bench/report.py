@@ -67,6 +67,7 @@ def targets(r: dict[str, Any]) -> list[str]:
             f"{hybrid:.3f} (keyword/similarity best {best_single:.3f})",
             ">= 0.75 and above both",
         ),
+        *int8_targets(r),
         _target(
             "chunk index bytes a chunk (force-merged)",
             r["index"]["bytes_per_chunk"] <= 8192,
@@ -80,6 +81,76 @@ def targets(r: dict[str, Any]) -> list[str]:
             "within 10%",
         ),
     ]
+
+
+def int8_targets(r: dict[str, Any]) -> list[str]:
+    """The int8 model's pipeline against the raw fp32 model, and its hybrid quality against fp32's."""
+    if "int8" not in r:
+        return []
+    int8 = r["int8"]
+    rows = [
+        _target(
+            "int8 model's pipeline / raw fp32 model, whole corpus, PII off",
+            int8["ratio_pipeline_to_raw_fp32"] >= 1.0,
+            f"{int8['ratio_pipeline_to_raw_fp32']:.2f} ({int8['ingest']['chunks_per_s']} against "
+            f"{r['ingest']['raw_model']['chunks_per_s']} chunks/s)",
+            ">= 1",
+        )
+    ]
+    if "ndcg10_minus_fp32" in int8:
+        drops = {mode: int8["ndcg10_minus_fp32"][mode] for mode in ("hybrid_rrf", "hybrid_min_max")}
+        rows.append(
+            _target(
+                "int8 model's hybrid nDCG@10 - fp32's (RRF, min-max)",
+                min(drops.values()) >= -0.005,
+                ", ".join(f"{drop:+.4f}" for drop in drops.values()),
+                ">= -0.005",
+            )
+        )
+    return rows
+
+
+def int8_section(r: dict[str, Any]) -> list[str]:
+    """The int8 model beside the fp32 one: loads, raw models and quality, from the same run."""
+    if "int8" not in r:
+        return []
+    int8, ingest = r["int8"], r["ingest"]
+    run, raw, raw_fp32, off = int8["ingest"], int8["raw_model"], ingest["raw_model"], ingest["pii_off"]
+    loads = f"whole corpus, {{}} KB, {ingest['workers']} worker processes"
+
+    def row(label: str, figures: dict[str, Any], cpu: Any) -> str:
+        return f"| {label} | {figures['chunks']} | {figures['seconds']} | {figures['chunks_per_s']} | {cpu} |"
+
+    lines = [
+        f"## int8 model ({int8['model']})",
+        "",
+        "| run | chunks | seconds | chunks/s | CPU ms a chunk: model or worker |",
+        "|---|---|---|---|---|",
+        row(loads.format("fp32"), off, off.get("cpu_ms_per_chunk", {}).get("worker", "")),
+        row(loads.format("int8"), run, run["cpu_ms_per_chunk"].get("worker", "")),
+        row(f"raw fp32 model, {raw_fp32['processes']} processes", raw_fp32, raw_fp32["cpu_ms_per_chunk"]),
+        row(f"raw int8 model, {raw['processes']} processes, the same texts", raw, raw["cpu_ms_per_chunk"]),
+        "",
+        f"int8 pipeline / raw fp32 model {int8['ratio_pipeline_to_raw_fp32']}; "
+        f"int8 pipeline / raw int8 model {int8['ratio_pipeline_to_raw_int8']}; "
+        f"raw int8 / raw fp32 {int8['ratio_raw_int8_to_raw_fp32']}. "
+        "CPU seconds by service during the int8 load: "
+        + ", ".join(f"{k} {v}" for k, v in run["cpu_seconds"].items()),
+        "",
+    ]
+    if "quality" in int8:
+        fp32 = r["quality"]
+        lines += [
+            "| mode | fp32 nDCG@10 | int8 nDCG@10 | int8 - fp32 | int8 MRR@10 | int8 Recall@100 |",
+            "|---|---|---|---|---|---|",
+        ]
+        for mode, value in int8["quality"].items():
+            lines.append(
+                f"| {mode} | {fp32[mode]['ndcg@10']} | {value['ndcg@10']} | "
+                f"{int8['ndcg10_minus_fp32'][mode]:+.4f} | {value['mrr@10']} | {value['recall@100']} |"
+            )
+        lines += ["", "Keyword search reads no vector: its figures are the fp32 KB's.", ""]
+    return lines
 
 
 def _plot(path: Path, title: str, labels: list[str], series: dict[str, list[float]], ylabel: str) -> None:
@@ -290,6 +361,7 @@ def write_report(r: dict[str, Any], path: Path, plots: Path) -> None:
         "`get_document_status` (REST) while the 10%-edited re-ingest ran, 50 pollers: "
         f"{r['status_polling_ms']}",
         "",
+        *int8_section(r),
         "## Re-ingest",
         "",
         "```",

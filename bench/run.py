@@ -1,9 +1,10 @@
 """Runs the benchmark against the local stack and writes bench/results/<stamp>.{json,md} and plots.
 
 Every figure is measured next to its baseline in the same run on the same machine:
-pipeline chunks/s against the raw model on the same chunk texts, REST search latency against
-the same embedding + `_msearch` sent straight to OpenSearch, MCP against REST, retrieval quality
-against the reference figures of the team's eval README. Each phase is a module of `bench.phases`.
+pipeline chunks/s against the raw model on the same chunk texts, the int8 model's pipeline against
+the raw fp32 model, REST search latency against the same embedding + `_msearch` sent straight to
+OpenSearch, MCP against REST, retrieval quality against the reference figures of the team's eval
+README (the int8 model's against the fp32 model's). Each phase is a module of `bench.phases`.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from rich.console import Console
 from bench.baselines import restart_worker
 from bench.corpus import CORPUS_QUICK, manbench
 from bench.phases.ingest import ingest_figures
+from bench.phases.int8 import int8_figures, int8_quality
 from bench.phases.latency import LATENCY_QUERIES, LATENCY_QUERIES_QUICK, latency_figures
 from bench.phases.quality import quality_figures
 from bench.phases.reingest import reingest_figures
@@ -52,6 +54,9 @@ def main(settings: Settings, server: str, api_key: str, quick: bool) -> Path:
         with bench.phase("ingest"):
             kb, files = ingest_figures(bench, docs, workers)
         save()
+        with bench.phase("int8"):
+            kb_int8 = int8_figures(bench, kb, files, workers)
+        save()
         with bench.phase("reingest"):
             reingest_figures(bench, kb, files)
         save()
@@ -66,6 +71,7 @@ def main(settings: Settings, server: str, api_key: str, quick: bool) -> Path:
     save()
     with bench.phase("quality"):
         quality_figures(bench, kb, query_texts, judged)
+        int8_quality(bench, kb_int8, query_texts, judged)
     save()
     with bench.phase("sources"):
         sources_figures(bench)

@@ -73,9 +73,11 @@ class Bench:
         finally:
             self.results.setdefault("phase_seconds", {})[name] = round(time.monotonic() - started, 1)
 
-    def kb(self, name: str, pii: str) -> str:
+    def kb(self, name: str, pii: str, model: str | None = None) -> str:
+        """A new KB of this run, on `model` (default: the server's)."""
         kb_id = f"bench-{name}-{uuid.uuid4().hex[:6]}"
-        self.remote.post("/v1/kbs", json={"kb_id": kb_id, "name": kb_id, "settings": {"pii_policy": pii}})
+        body = {"kb_id": kb_id, "name": kb_id, "settings": {"pii_policy": pii}}
+        self.remote.post("/v1/kbs", json=body | ({"embedding_model": model} if model else {}))
         return kb_id
 
     def ingest(self, kb: str, files: list[tuple[Path, str]], *, cold: bool = True) -> dict[str, Any]:
@@ -134,10 +136,11 @@ class Bench:
             raise SystemExit(f"bench: no chunks of {kb} found in {chunks_alias(self.settings)}")
         return texts
 
-    def raw_model(self, texts: list[str], processes: int) -> dict[str, float]:
-        """The bare model on an even sample of the run's own chunk texts (all of them in a quick run)."""
+    def raw_model(self, texts: list[str], processes: int, model: str | None = None) -> dict[str, float]:
+        """The bare model on an even sample of the run's own chunk texts (all of them in a quick
+        run); the same texts give the same sample, whichever the model."""
         sample = texts[:: max(1, len(texts) // (RAW_SAMPLE_QUICK if self.quick else RAW_SAMPLE))]
-        return raw_model(self.settings, sample, processes)
+        return raw_model(self.settings, sample, processes, model)
 
     def stage_costs(self, kb: str, chunks: int) -> dict[str, float]:
         totals: dict[str, float] = {}

@@ -14,14 +14,21 @@ from pydantic import BaseModel, Field
 
 from shared import erasure, fairqueue
 from shared.config import Settings
-from shared.embedding import servable_models
+from shared.embedding import ModelUnavailable, encoder, for_model, servable_models
 from shared.errors import ErrorCode, RaglineError
 from shared.ingest import Ingestor
 from shared.models import DocStatus, Document, KbSettings, KnowledgeBase, Reembed, check_pii_settings
 from shared.queue import enqueue
 from shared.registry import Registry
 from shared.search.chunk_index import delete_kb_chunks, read_chunks
-from shared.search.placement import attach_to_default, drop_aliases, own_indexes, resolve, write_aliases
+from shared.search.placement import (
+    attach_to_default,
+    attach_to_own,
+    drop_aliases,
+    own_indexes,
+    resolve,
+    write_aliases,
+)
 from shared.search.schema import drop_index
 from shared.sources.store import SourceStore
 
@@ -176,9 +183,14 @@ class Catalog:
         description: str = "",
         tags: list[str] | None = None,
         settings: KbSettings | None = None,
+        model: str | None = None,
     ) -> KbView:
+        """A new KB on the default model's shared index, or, for another model, on an index of its
+        own (as a reembed would leave it)."""
         if settings is not None:
             check_pii_settings(settings.pii_policy, settings.pii_entities)
+        model = model or self.settings.embedding.model
+        dimension = self._dimension(model)
         kb = KnowledgeBase(
             tenant_id=tenant_id,
             kb_id=kb_id,
@@ -186,12 +198,39 @@ class Catalog:
             description=description,
             tags=tags or [],
             settings=settings or KbSettings(),
-            embedding_model=self.settings.embedding.model,
-            embedding_dimension=self.settings.embedding.dimension,
+            embedding_model=model,
+            embedding_dimension=dimension,
         )
         self.registry.create_kb(kb)
-        attach_to_default(self.client, self.settings, [(tenant_id, kb_id)])
+        if model == self.settings.embedding.model:
+            attach_to_default(self.client, self.settings, [(tenant_id, kb_id)])
+        else:
+            try:
+                attach_to_own(self.client, self.settings, tenant_id, kb_id, model, dimension)
+            except Exception:
+                self.registry.delete_kb(tenant_id, kb_id)  # no KB without the index of its model
+                raise
         return self.view(kb, (0, 0))
+
+    def _dimension(self, model: str) -> int:
+        """The vector dimension of a model this server may serve, from its encoder (the API embeds
+        the KB's queries with it anyway); INVALID_ARGUMENT for any other model."""
+        self._check_servable(model)
+        if model == self.settings.embedding.model:
+            return self.settings.embedding.dimension
+        try:
+            return encoder(for_model(self.settings.embedding, model)).dimension
+        except ModelUnavailable as error:
+            raise RaglineError(str(error), code=ErrorCode.UNAVAILABLE) from None
+
+    def _check_servable(self, model: str) -> None:
+        allowed = servable_models(self.settings.embedding)
+        if model not in allowed:
+            raise RaglineError(
+                f"unknown embedding model; known: {allowed}",
+                code=ErrorCode.INVALID_ARGUMENT,
+                details={"known": allowed},
+            )
 
     def update_kb(self, tenant_id: str, kb_id: str, changes: KbChanges) -> KbView:
         """Apply the changed fields to the current record (optimistic: a racing write, such as a
@@ -227,13 +266,7 @@ class Catalog:
 
     def start_reembed(self, tenant_id: str, kb_id: str, model: str) -> KbView:
         """Mark the KB and hand the reembed to a worker (workers/reembed.py); CONFLICT if one runs."""
-        allowed = servable_models(self.settings.embedding)
-        if model not in allowed:
-            raise RaglineError(
-                f"unknown embedding model; known: {allowed}",
-                code=ErrorCode.INVALID_ARGUMENT,
-                details={"known": allowed},
-            )
+        self._check_servable(model)
 
         def mark(kb: KnowledgeBase) -> KnowledgeBase:
             if kb.reembed is not None:

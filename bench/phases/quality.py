@@ -23,10 +23,18 @@ MODES: dict[str, dict[str, Any]] = {
 
 
 def quality_figures(bench: Bench, kb: str, queries: dict[str, str], qrels: dict[str, set[str]]) -> None:
-    """Rankings only, so the queries run 4 at a time: the latency phase measures speed."""
+    bench.results["quality"] = mode_figures(bench, kb, queries, qrels, list(MODES))
+
+
+def mode_figures(
+    bench: Bench, kb: str, queries: dict[str, str], qrels: dict[str, set[str]], modes: list[str]
+) -> dict[str, Any]:
+    """The figures of `modes` on `kb`. Rankings only, so the queries run 4 at a time: the latency
+    phase measures speed."""
     figures: dict[str, Any] = {}
-    for name, params in MODES.items():
-        bench.say(f"quality, {name}, {len(queries)} queries")
+    for name in modes:
+        params = MODES[name]
+        bench.say(f"quality, {name}, {kb}, {len(queries)} queries")
 
         def ranked(item: tuple[str, str], params: dict[str, Any] = params) -> tuple[str, list[str]]:
             qid, text = item
@@ -38,4 +46,4 @@ def quality_figures(bench: Bench, kb: str, queries: dict[str, str], qrels: dict[
         with ThreadPoolExecutor(max_workers=4) as pool:
             runs = dict(pool.map(ranked, queries.items()))
         figures[name] = evaluate(runs, qrels) | {"reference": REFERENCE[name]}
-    bench.results["quality"] = figures
+    return figures

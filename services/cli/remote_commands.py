@@ -97,6 +97,9 @@ def kb_create(
     name: Annotated[str | None, typer.Option(help="Display name (default: the id).")] = None,
     description: str = "",
     pii_policy: Annotated[str | None, typer.Option(help="redact, mask, hash, block, off")] = None,
+    model: Annotated[
+        str | None, typer.Option(help="Embedding model (default: the server's), e.g. all-MiniLM-L6-v2-int8.")
+    ] = None,
     server: Server = None,
     api_key: ApiKey = None,
     as_json: AsJson = False,
@@ -105,6 +108,8 @@ def kb_create(
     body: dict[str, Any] = {"kb_id": kb_id, "name": name or kb_id, "description": description}
     if pii_policy:
         body["settings"] = {"pii_policy": pii_policy}
+    if model:
+        body["embedding_model"] = model
     _print(_call(_remote(server, api_key), "POST", api_path("kbs"), json=body), True)
 
 

@@ -27,7 +27,14 @@ from opensearchpy import OpenSearch
 from opensearchpy.exceptions import NotFoundError
 
 from shared.config import Settings
-from shared.search.schema import chunks_alias, chunks_index, earlier_shared_indexes
+from shared.search.schema import (
+    chunk_index_body,
+    chunks_alias,
+    chunks_index,
+    create_index,
+    drop_index,
+    earlier_shared_indexes,
+)
 
 _models: dict[str, tuple[str, int]] = {}  # physical index -> (model, dimension); never changes
 # Remembered placements: 2 s is far under the reembed swap grace (10 s, workers/reembed.py), and
@@ -64,6 +71,38 @@ def kb_index_pattern(settings: Settings, tenant_id: str, kb_id: str) -> str:
 def kb_index(settings: Settings, tenant_id: str, kb_id: str, model: str, version: int) -> str:
     slug = re.sub(r"[^a-z0-9]+", "-", model.lower()).strip("-")
     return f"{chunks_alias(settings)}-{slug}-kb-{_digest(tenant_id, kb_id)}-v{version}"
+
+
+def next_own_index(client: OpenSearch, settings: Settings, tenant_id: str, kb_id: str, model: str) -> str:
+    """The name of the KB's next index of its own for `model`: one version above any it has, so
+    a leftover of an earlier KB of the same id is never reused."""
+    own = own_indexes(client, settings, tenant_id, kb_id)
+    version = 1 + max((int(name.rsplit("-v", 1)[1]) for name in own), default=0)
+    return kb_index(settings, tenant_id, kb_id, model, version)
+
+
+def attach_to_own(
+    client: OpenSearch, settings: Settings, tenant_id: str, kb_id: str, model: str, dimension: int
+) -> str:
+    """Give a new KB of another model than the default an index of its own, behind its alias.
+
+    A search listing the tenant's KBs may have attached the alias to the default model's shared
+    index meanwhile (`resolve`); the move takes it from there in the same atomic call. A resent
+    create finds the alias on an index of the model already and keeps it.
+    """
+    alias = kb_alias(settings, tenant_id, kb_id)
+    current = aliased(client, [alias]).get(alias)
+    if current is not None and index_model(client, current)[0] == model:
+        return current
+    name = next_own_index(client, settings, tenant_id, kb_id, model)
+    create_index(client, name, chunk_index_body(settings, model, dimension, {}))
+    try:
+        moved = [{"remove": {"index": current, "alias": alias}}] if current is not None else []
+        swap_alias(client, [*moved, {"add": {"index": name, "alias": alias}}])
+    except Exception:
+        drop_index(client, name, missing_ok=True)
+        raise
+    return name
 
 
 def kb_scope(tenant_id: str, kb_id: str) -> dict[str, Any]:

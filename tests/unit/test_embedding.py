@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import numpy as np
+import pytest
+from pydantic import ValidationError
 
-from shared.config import load_settings
+from shared.config import EmbeddingSettings, load_settings
 from shared.embedding import SentenceTransformerEncoder, encoder, model_dir, token_batches
 
 TEXTS = [
@@ -26,6 +28,27 @@ def test_onnx_matches_sentence_transformers() -> None:
     print(f"min cosine ONNX vs sentence-transformers: {cosines.min():.6f}")
     assert cosines.min() >= 0.999
     assert np.allclose(np.linalg.norm(a, axis=1), 1.0, atol=1e-5)
+
+
+def test_the_sentence_transformers_backend_is_chosen_by_settings_on_its_device() -> None:
+    """The GPU path is this one with `device=cuda`; on a CPU machine it runs on the CPU."""
+    settings = load_settings().embedding
+    chosen = encoder(settings.model_copy(update={"backend": "sentence-transformers", "device": "cpu"}))
+    assert isinstance(chosen, SentenceTransformerEncoder)
+    assert chosen.device == "cpu"
+    cosines = (chosen.encode(TEXTS) * encoder(settings).encode(TEXTS)).sum(axis=1)
+    assert cosines.min() >= 0.999
+
+
+@pytest.mark.parametrize("device", ["cpu", "cuda", "cuda:1", "mps"])
+def test_devices_torch_names_are_accepted(device: str) -> None:
+    assert EmbeddingSettings(device=device).device == device
+
+
+@pytest.mark.parametrize("device", ["gpu", "cuda:", "CUDA", "cuda:0; rm", ""])
+def test_other_devices_are_refused(device: str) -> None:
+    with pytest.raises(ValidationError):
+        EmbeddingSettings(device=device)
 
 
 def test_token_batches_group_similar_lengths_under_the_budget() -> None:

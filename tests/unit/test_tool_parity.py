@@ -48,6 +48,8 @@ ONLY_MCP: dict[str, set[str]] = {
     "add_source": {"source"},
 }
 ONLY_REST: dict[str, set[str]] = {
+    # Choosing a KB's embedding model is an operator's task, as moving it is (reembed, below).
+    "create_knowledge_base": {"embedding_model"},
     # An upload's batch and queue wish belong to bulk clients; a tool call is one interactive document.
     "ingest": {"batch_id", "priority"},
     # The source's fields are the body: MCP `add_source` takes them as `source`.

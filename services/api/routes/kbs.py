@@ -21,6 +21,13 @@ class KbCreate(BaseModel):
     description: str = Field("", max_length=4000)
     tags: list[str] = Field(default_factory=list, max_length=50)
     settings: KbSettings = Field(default_factory=KbSettings)
+    embedding_model: str | None = Field(
+        None,
+        min_length=1,
+        max_length=500,
+        description="Embedding model of its chunks (default: the server's; `all-MiniLM-L6-v2-int8` is "
+        "the faster int8 variant). Changed later only by a reembed.",
+    )
 
 
 class ReembedRequest(BaseModel):
@@ -37,7 +44,7 @@ class KbList(BaseModel):
 @router.post("", status_code=201, response_model=KbView)
 def create_kb(body: KbCreate, state: State, who: Writer) -> KbView:
     return state.catalog.create_kb(
-        who.tenant, body.kb_id, body.name, body.description, body.tags, body.settings
+        who.tenant, body.kb_id, body.name, body.description, body.tags, body.settings, body.embedding_model
     )
 
 
