@@ -59,22 +59,31 @@ def raw_model(
 
 
 def restart_worker(
-    settings: Settings, concurrency: int, timeout_s: float = 300.0, env: dict[str, str] | None = None
+    settings: Settings,
+    concurrency: int,
+    timeout_s: float = 300.0,
+    env: dict[str, str] | None = None,
+    hosts: int = 1,
 ) -> None:
     """The local stack's worker again, with `concurrency` processes and `env` on top of its
-    configuration.
+    configuration; with `hosts` > 1, that many workers of `concurrency` processes each, as worker
+    hosts would be: each its own Celery node in a process group of its own (deploy/local/worker.sh),
+    with its own log, serving the same queues.
 
     Returns once every pool process has loaded its models: Celery reports ready before that, and
     a load started at once would count the loading as the first quarter's memory and time.
     """
+    names = ["worker", *(f"worker-host{n}" for n in range(2, hosts + 1))]
     started = {**os.environ, **(env or {}), "RAGLINE_CELERY__WORKER_CONCURRENCY": str(concurrency)}
-    for action in ("down", "up"):
+    if hosts > 1:
+        started["RAGLINE_WORKERS"] = " ".join(names)
+    for action in ("down", "up"):  # down stops every worker*.pid, a simulated host's too
         subprocess.run(["bash", str(STACK), action, "worker"], check=True, env=started, capture_output=True)
-    log = settings.state_dir / "logs" / "worker.log"  # emptied by each start
+    logs = [settings.state_dir / "logs" / f"{name}.log" for name in names]  # emptied by each start
     deadline = time.monotonic() + timeout_s
-    while log.read_text(errors="replace").count("workers.warmup") < concurrency:
+    while any(log.read_text(errors="replace").count("workers.warmup") < concurrency for log in logs):
         if time.monotonic() > deadline:
-            raise SystemExit(f"bench: the worker's {concurrency} pool processes did not warm up; see {log}")
+            raise SystemExit(f"bench: the workers' pool processes did not warm up; see {logs}")
         time.sleep(0.5)
 
 

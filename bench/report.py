@@ -153,6 +153,17 @@ def int8_section(r: dict[str, Any]) -> list[str]:
     return lines
 
 
+def scale_curve(r: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    """The scaling runs by label: one worker host of 1, 2, 4 processes, then the simulated hosts."""
+    curve = {
+        f"{count} worker process{'es' if int(count) > 1 else ''}": run for count, run in r["scaling"].items()
+    }
+    if "scaling_hosts" in r:
+        hosts = r["scaling_hosts"]
+        curve[f"{hosts['hosts']} worker hosts of 1 process"] = hosts
+    return curve
+
+
 def _plot(path: Path, title: str, labels: list[str], series: dict[str, list[float]], ylabel: str) -> None:
     fig, ax = plt.subplots(figsize=(8, 4))
     width = 0.8 / max(1, len(series))
@@ -261,6 +272,17 @@ def write_report(r: dict[str, Any], path: Path, plots: Path) -> None:
         },
         "nDCG@10",
     )
+    curve = scale_curve(r)
+    _plot(
+        plots / f"{stamp}-scaling.png",
+        "ingest of the subset, PII off: pipeline and raw model in as many processes",
+        list(curve),
+        {
+            "pipeline": [run["chunks_per_s"] for run in curve.values()],
+            "raw model": [run["raw_model"]["chunks_per_s"] for run in curve.values()],
+        },
+        "chunks/s",
+    )
     levels = ["c1", "c8", "c32"]
     _plot(
         plots / f"{stamp}-latency.png",
@@ -308,9 +330,9 @@ def write_report(r: dict[str, Any], path: Path, plots: Path) -> None:
         f"| raw model, {raw['processes']} processes, sample of the same chunk texts | | {raw['chunks']} | "
         f"{raw['seconds']} | | {raw['chunks_per_s']} |",
     ]
-    for count, run in r["scaling"].items():
+    for label, run in scale_curve(r).items():
         lines.append(
-            f"| subset, PII off, {count} worker process(es) | {run['documents']} | {run['chunks']} | "
+            f"| subset, PII off, {label} | {run['documents']} | {run['chunks']} | "
             f"{run['seconds']} | {run['docs_per_s']} | {run['chunks_per_s']} |"
         )
     on = pii["pii_on"]
@@ -319,8 +341,10 @@ def write_report(r: dict[str, Any], path: Path, plots: Path) -> None:
         f"{on['documents']} | {on['chunks']} | {on['seconds']} | {on['docs_per_s']} | {on['chunks_per_s']} |",
         "",
         "Pipeline over raw model (chunks/s, same number of processes): "
-        + ", ".join(f"{count} process(es) {run['ratio_to_raw']}" for count, run in r["scaling"].items())
+        + ", ".join(f"{label} {run['ratio_to_raw']}" for label, run in scale_curve(r).items())
         + f"; whole corpus {ingest['ratio_pipeline_to_raw_pii_off']}.",
+        "",
+        f"![scaling]({stamp}-scaling.png)",
         "",
         "Per-stage time per chunk (ms), PII off: "
         + ", ".join(f"{k} {v}" for k, v in off["per_stage_ms_per_chunk"].items()),
