@@ -142,7 +142,10 @@ class IssuerKeys:
         self._unreadable = None
 
     async def _discover(self, client: httpx.AsyncClient) -> str:
-        """The issuer's `jwks_uri`, from its RFC 8414 metadata or its OpenID configuration."""
+        """The issuer's `jwks_uri`, from its RFC 8414 metadata or its OpenID configuration, when
+        that document names the configured issuer exactly (RFC 8414 section 3.3): metadata of
+        another issuer, served at a shared host's well-known path, would hand its keys to tokens
+        that claim ours."""
         issuer = str(self.settings.issuer).rstrip("/")
         origin, _, path = issuer.partition("://")[2].partition("/")
         scheme = issuer.partition("://")[0]
@@ -155,9 +158,11 @@ class IssuerKeys:
                 metadata = await _json(client, url)
             except (httpx.HTTPError, ValueError):
                 continue
-            if isinstance(metadata, dict) and isinstance(metadata.get("jwks_uri"), str):
+            if not isinstance(metadata, dict) or metadata.get("issuer") != self.settings.issuer:
+                continue
+            if isinstance(metadata.get("jwks_uri"), str):
                 return str(metadata["jwks_uri"])
-        raise ValueError("the issuer publishes no jwks_uri")
+        raise ValueError("the issuer publishes no jwks_uri in metadata that names it")
 
 
 async def _json(client: httpx.AsyncClient, url: str) -> Any:
@@ -216,6 +221,11 @@ class AccessTokens:
             raise refused("it is not valid yet") from None
         except jwt.MissingRequiredClaimError as error:
             raise refused(f"it lacks the {error.claim} claim") from None
+        except jwt.InvalidSignatureError:
+            raise refused("its signature does not verify") from None
+        except jwt.DecodeError:
+            # Signed, but its payload or a time claim cannot be read ("exp": "soon").
+            raise refused("its claims are malformed") from None
         except jwt.PyJWTError:
             raise refused("its signature does not verify") from None
         return self._principal(claims)

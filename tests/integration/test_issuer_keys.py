@@ -14,10 +14,11 @@ from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
+import jwt
 import pytest
 from cryptography.hazmat.primitives.asymmetric import rsa
 
-from services.core.access_tokens import IssuerKeys
+from services.core.access_tokens import AccessTokens, IssuerKeys
 from shared.config import OAuthSettings
 from shared.errors import ErrorCode, RaglineError
 
@@ -45,6 +46,7 @@ class Jwks:
     drip_s: float = 0.0  # > 0: one byte per drip_s of a body that never ends in practice
     fetches: int = 0
     sent: list[int] = field(default_factory=list)  # bytes written per fetch before it ended
+    by_path: dict[str, bytes] = field(default_factory=dict)  # other paths' answers (issuer metadata)
 
     def serve(self, status: int, document: Any) -> None:
         self.status, self.drip_s = status, 0.0
@@ -62,6 +64,14 @@ def jwks() -> Iterator[Jwks]:
 
     class Handler(BaseHTTPRequestHandler):
         def do_GET(self) -> None:
+            if self.path in state.by_path:
+                body = state.by_path[self.path]
+                self.send_response(200)
+                self.send_header("content-type", "application/json")
+                self.send_header("content-length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+                return
             state.fetches += 1
             length = 1 << 30 if state.drip_s else len(state.body)
             self.send_response(state.status)
@@ -195,3 +205,48 @@ async def test_a_huge_jwks_is_refused_before_it_is_read_whole(jwks: Jwks) -> Non
         await asyncio.sleep(0.1)
     assert jwks.sent, "the server never finished its answer"
     assert jwks.sent[0] < len(jwks.body), "the whole body was downloaded"
+
+
+@pytest.mark.parametrize(("named", "found"), [("the issuer", True), ("another issuer", False)])
+async def test_discovery_takes_keys_only_from_metadata_that_names_the_issuer(
+    jwks: Jwks, named: str, found: bool
+) -> None:
+    """RFC 8414 section 3.3: the metadata's `issuer` is the configured one, exactly."""
+    origin = jwks.url.removesuffix("/jwks.json")
+    issuer = f"{origin}/tenant-a"
+    claimed = issuer if named == "the issuer" else f"{origin}/tenant-b"
+    metadata = json.dumps({"issuer": claimed, "jwks_uri": jwks.url}).encode()
+    jwks.by_path = {
+        "/.well-known/oauth-authorization-server/tenant-a": metadata,
+        "/tenant-a/.well-known/openid-configuration": metadata,
+    }
+    jwks.serve(200, {"keys": [_rsa_jwk("k1")]})
+    keys = IssuerKeys(OAuthSettings(issuer=issuer, resource="http://127.0.0.1:2/mcp", jwks_refetch_s=GUARD_S))
+    if found:
+        assert (await keys.key("k1")).key.key_id == "k1"
+    else:
+        error = await _unavailable(keys, "k1")
+        assert "ValueError" in error.message
+        assert jwks.fetches == 0, "the keys of metadata naming another issuer were fetched"
+
+
+async def test_a_token_whose_time_claims_are_not_numbers_is_refused_as_malformed(jwks: Jwks) -> None:
+    private = rsa.generate_private_key(65537, 2048)
+    numbers = private.public_key().public_numbers()
+    jwks.serve(
+        200, {"keys": [{"kty": "RSA", "use": "sig", "kid": "k1", "n": _b64(numbers.n), "e": _b64(numbers.e)}]}
+    )
+    settings = OAuthSettings(
+        issuer="http://127.0.0.1:1",
+        resource="http://127.0.0.1:2/mcp",
+        jwks_url=jwks.url,
+        jwks_refetch_s=GUARD_S,
+    )
+    claims = {"iss": settings.issuer, "aud": settings.resource, "org": "acme", "scope": "ragline:read"}
+    tokens = AccessTokens(settings)
+    for odd in ({"exp": "soon"}, {"exp": int(time.time()) + 300, "nbf": "later"}):
+        token = jwt.encode(claims | odd, private, algorithm="RS256", headers={"kid": "k1"})
+        with pytest.raises(RaglineError) as refused:
+            await tokens.principal(token)
+        assert refused.value.code == ErrorCode.AUTH_ERROR
+        assert refused.value.message.endswith("its claims are malformed"), refused.value.message
