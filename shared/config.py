@@ -509,7 +509,8 @@ class McpSettings(_Section):
     sessions_per_tenant: int = Field(
         100,
         ge=1,
-        description="Open MCP sessions (streamable HTTP, stateful) a tenant may hold; more get 429.",
+        description="Open MCP sessions (stateful streamable HTTP, and SSE streams) a tenant may hold in one "
+        "process; more get 429.",
     )
     max_request_bytes: int | None = Field(
         None,

@@ -99,8 +99,15 @@ def mcp_routes(
         if refusal is not None:
             await refusal(scope, receive, send)
             return
-        async with sse.connect_sse(scope, receive, send) as (read, write):
-            await server.run(read, write, server.create_initialization_options())
+        tenant = scope["state"]["principal"].tenant
+        # An SSE session lives as long as its stream: it counts against the tenant's cap beside
+        # its streamable-HTTP sessions, and leaves it when the stream ends.
+        if sessions.open_sessions(tenant) >= sessions.per_tenant:
+            await sessions.refusal()(scope, receive, send)
+            return
+        with sessions.holding(tenant):
+            async with sse.connect_sse(scope, receive, send) as (read, write):
+                await server.run(read, write, server.create_initialization_options())
 
     routes: list[Route | Mount] = [*auth.metadata_routes()]
     if "streamable-http" in transports:

@@ -4,18 +4,21 @@ The SDK binds a session to `scope["user"]` when that is an `AuthenticatedUser`: 
 session from another identity is answered 404, exactly as an unknown session, so an id is never
 confirmed. `KeyGate` puts the principal there as such a user (tenant and key, see `owner`).
 
-A tenant that holds `RAGLINE_MCP__SESSIONS_PER_TENANT` open sessions gets RATE_LIMITED (429) for another
-one, and other tenants are unaffected. Refused rather than evicting that tenant's oldest idle
-session: an agent's session sits idle between its tool calls most of its life, so evicting
-"idle" ones would end live conversations of the same tenant without a word, while a refusal is
-seen by the client that asked; abandoned sessions still end by the idle timeout or a DELETE.
-The SDK itself refuses (503) at its process-wide cap, for the same reason.
+A tenant that holds `RAGLINE_MCP__SESSIONS_PER_TENANT` open sessions (streamable HTTP and SSE
+streams together) gets RATE_LIMITED (429) for another one, and other tenants are unaffected.
+Refused rather than evicting that tenant's oldest idle session: an agent's session sits idle
+between its tool calls most of its life, so evicting "idle" ones would end live conversations of
+the same tenant without a word, while a refusal is seen by the client that asked; abandoned
+sessions still end by the idle timeout or a DELETE. The SDK itself refuses (503) at its
+process-wide cap, for the same reason.
 """
 
 from __future__ import annotations
 
 import re
-from collections import deque
+from collections import Counter, deque
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 from mcp.server.auth.middleware.bearer_auth import AuthenticatedUser, AuthorizationContext
@@ -123,10 +126,6 @@ class EnvelopeBodyLimit(RequestBodyLimitMiddleware):
 class _TenantFull(Exception):
     """Raised out of admission (under the SDK's lock) when the tenant holds its most sessions."""
 
-    def __init__(self, tenant: str, limit: int) -> None:
-        super().__init__(tenant)
-        self.limit = limit
-
 
 class TenantSessions(PerRequestSessions):
     """`PerRequestSessions` with a cap of open sessions per tenant and the JSON body limit."""
@@ -135,26 +134,42 @@ class TenantSessions(PerRequestSessions):
         super().__init__(app, body_limit=EnvelopeBodyLimit, **sdk)
         self.per_tenant = per_tenant
         self.retry_after_s = retry_after_s
+        self._streams: Counter[str] = Counter()  # open SSE sessions by tenant (services/mcp/http.py)
 
     def open_sessions(self, tenant: str) -> int:
-        return sum(1 for who in self.session_owners() if who["client_id"] == tenant)
+        """The tenant's streamable-HTTP sessions and SSE streams in this process."""
+        return self._streams[tenant] + sum(1 for who in self.session_owners() if who["client_id"] == tenant)
+
+    @contextmanager
+    def holding(self, tenant: str) -> Iterator[None]:
+        """Count an SSE session of `tenant` while it is open."""
+        self._streams[tenant] += 1
+        try:
+            yield
+        finally:
+            self._streams[tenant] -= 1
+            if not self._streams[tenant]:
+                del self._streams[tenant]
+
+    def refusal(self) -> JSONResponse:
+        limit = self.per_tenant
+        return envelope(
+            ErrorCode.RATE_LIMITED,
+            f"this tenant holds {limit} open MCP sessions, its most: end one "
+            "(DELETE /mcp with its mcp-session-id, or close its SSE stream) or let an unused one idle out",
+            {"limit": limit, "retry_after": self.retry_after_s},
+            headers={"Retry-After": str(self.retry_after_s)},
+        )
 
     def before_admission(self, requestor: AuthorizationContext | None) -> None:
         if requestor is not None and self.open_sessions(requestor["client_id"]) >= self.per_tenant:
-            raise _TenantFull(requestor["client_id"], self.per_tenant)
+            raise _TenantFull(requestor["client_id"])
 
     async def handle_request(self, scope: Scope, receive: Receive, send: Send) -> None:
         try:
             await super().handle_request(scope, receive, send)
-        except _TenantFull as full:
-            response = envelope(
-                ErrorCode.RATE_LIMITED,
-                f"this tenant holds {full.limit} open MCP sessions, its most: end one "
-                "(DELETE /mcp with its mcp-session-id) or let an unused one idle out",
-                {"limit": full.limit, "retry_after": self.retry_after_s},
-                headers={"Retry-After": str(self.retry_after_s)},
-            )
-            await response(scope, receive, send)
+        except _TenantFull:
+            await self.refusal()(scope, receive, send)
 
 
 def install_sessions(mcp: FastMCP[Any], settings: Settings) -> TenantSessions:

@@ -3,7 +3,9 @@ documented body limit, with every refusal a JSON error."""
 
 from __future__ import annotations
 
+import contextlib
 import secrets
+import time
 import uuid
 from collections.abc import Iterator
 from typing import Any
@@ -118,6 +120,37 @@ def test_a_tenant_over_its_session_cap_is_refused_and_others_are_not(capped: Ser
         for key, session in [*(("a_admin", s) for s in held), ("b_admin", other)]:
             client.delete("/mcp", headers=_headers(capped, key, session))
     print(f"sessions per tenant {SESSIONS_PER_TENANT}: the next two of tenant A got 429, tenant B opened one")
+
+
+def _sse_status(client: httpx.Client, server: Server, key: str) -> int:
+    """The status an SSE stream of `key` opens with (a refusal's, or 200 closed at once)."""
+    with client.stream(
+        "GET", "/mcp/sse", headers={"Accept": "text/event-stream", "X-Api-Key": server.keys[key]}
+    ) as got:
+        return got.status_code
+
+
+def test_sse_streams_count_against_the_same_cap(capped: Server) -> None:
+    headers = {"Accept": "text/event-stream", "X-Api-Key": capped.keys["a_admin"]}
+    with httpx.Client(base_url=capped.url, timeout=60) as client, contextlib.ExitStack() as streams:
+        held = [_session(client, capped, "a_admin") for _ in range(SESSIONS_PER_TENANT - 1)]
+        stream = streams.enter_context(client.stream("GET", "/mcp/sse", headers=headers))
+        assert stream.status_code == 200
+        lines = stream.iter_lines()  # held: a dropped iterator closes the stream it reads
+        assert next(lines).startswith("event: endpoint")
+        refused = _open(client, capped, "a_admin")  # the stream took the last place
+        assert refused.status_code == 429, refused.text
+        assert _sse_status(client, capped, "a_read") == 429
+        assert _sse_status(client, capped, "b_admin") == 200  # another tenant's place is its own
+        streams.close()  # the stream ends: its place is free again
+        del lines
+        deadline = time.monotonic() + 10
+        while (opened := _open(client, capped, "a_admin")).status_code == 429 and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert opened.status_code == 200, opened.text
+        held.append(opened.headers["mcp-session-id"])
+        for session in held:
+            client.delete("/mcp", headers=_headers(capped, "a_admin", session))
 
 
 def _big_page(size: int) -> str:
