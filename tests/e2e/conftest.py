@@ -4,7 +4,10 @@ and a worker and an API of their own for the sources tests."""
 from __future__ import annotations
 
 import json
+import secrets
+import shutil
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
@@ -50,3 +53,14 @@ def sources_stack(tmp_path_factory: pytest.TempPathFactory, settings: Settings) 
     }
     with own_stack(tmp_path_factory.mktemp("sources"), settings, SOURCES_REDIS_DB, env) as own:
         yield own
+
+
+@pytest.fixture
+def folder(settings: Settings) -> Iterator[Path]:
+    """A new directory inside the folder roots the workers may read, removed afterwards."""
+    roots = settings.sources.folder_roots
+    assert roots, "RAGLINE_SOURCES__FOLDER_ROOTS is not set: run the tests with deploy/local/test.sh"
+    path = Path(str(roots[0]).replace("{tenant}", "")) / f"folder-{secrets.token_hex(4)}"
+    path.mkdir(parents=True)
+    yield path
+    shutil.rmtree(path, ignore_errors=True)

@@ -47,6 +47,17 @@ class OwnStack:
         """A new worker with the same settings (after `kill_worker`)."""
         self.worker = _start_worker(self.tmp, self.env)
 
+    @contextlib.contextmanager
+    def another_worker(self) -> Iterator[Path]:
+        """A second worker with the same settings, as another host would run it; yields its log."""
+        tmp = self.tmp / f"worker-{uuid.uuid4().hex[:6]}"
+        tmp.mkdir()
+        process = _start_worker(tmp, self.env)
+        try:
+            yield tmp / "worker.log"
+        finally:
+            _stop_worker(process)
+
 
 def _port() -> int:
     with socket.socket() as sock:

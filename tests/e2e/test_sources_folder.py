@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import os
 import secrets
-import shutil
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -17,16 +16,6 @@ from tests.e2e.helpers import Server
 from tests.e2e.sources import add, counts, documents, kill_worker_mid_run, sync
 
 pytestmark = pytest.mark.e2e
-
-
-@pytest.fixture
-def folder(settings: Settings) -> Iterator[Path]:
-    roots = settings.sources.folder_roots
-    assert roots, "RAGLINE_SOURCES__FOLDER_ROOTS is not set: run the tests with deploy/local/test.sh"
-    path = Path(str(roots[0]).replace("{tenant}", "")) / f"folder-{secrets.token_hex(4)}"
-    path.mkdir(parents=True)
-    yield path
-    shutil.rmtree(path, ignore_errors=True)
 
 
 @pytest.fixture

@@ -69,7 +69,7 @@ class Case:
     kb: KnowledgeBase
     source: Source
 
-    def run(self, connector: Connector, trigger: Trigger = "manual") -> SyncRun:
+    def run(self, connector: Connector, trigger: Trigger = "manual", max_items: int = 1000) -> SyncRun:
         run = SyncRun(
             run_id=uuid.uuid4().hex,
             tenant_id=self.kb.tenant_id,
@@ -78,12 +78,12 @@ class Case:
             trigger=trigger,
         )
         self.services.source_store.create_run(run)
-        return self.engine(lambda _: connector).run(run, lambda: True)
+        return self.engine(lambda _: connector, max_items).run(run, lambda: True)
 
-    def engine(self, connector_for: Callable[[Source], Connector]) -> SyncEngine:
+    def engine(self, connector_for: Callable[[Source], Connector], max_items: int = 1000) -> SyncEngine:
         services = self.services
         return SyncEngine(
-            services.source_store, services.registry, services.ingestor, connector_for, 1.0, 1000
+            services.source_store, services.registry, services.ingestor, connector_for, 1.0, max_items
         )
 
     def live(self) -> dict[str, DocStatus]:
@@ -185,3 +185,15 @@ def test_an_upload_that_took_a_gone_items_id_is_not_deleted_by_the_source(case: 
     upload = case.services.registry.require_doc(kb.tenant_id, kb.kb_id, "u.txt").doc
     assert upload.source_id is None
     assert upload.status not in _ABSENT
+
+
+def test_a_listing_over_the_item_limit_fails_too_large_and_deletes_nothing(case: Case) -> None:
+    """RAGLINE_SOURCES__MAX_ITEMS: a source that grew past it keeps what it had, with a clear code."""
+    first = case.run(Listing([_item("a.txt"), _item("b.txt")]), max_items=3)
+    assert (first.status, first.counts["created"]) == (RunStatus.SUCCEEDED, 2)
+    grown = case.run(Listing([_item(f"{n}.txt") for n in range(5)]), max_items=3)
+    assert grown.status == RunStatus.FAILED
+    assert grown.error is not None
+    assert grown.error.code == "TOO_LARGE"
+    assert "RAGLINE_SOURCES__MAX_ITEMS" in grown.error.message
+    assert {"a.txt", "b.txt"} <= set(case.live()), "a failed run deleted what it did not list"
