@@ -172,3 +172,14 @@ def start_server(
 def stop_server(process: subprocess.Popen[bytes]) -> None:
     process.terminate()
     process.wait(timeout=30)
+
+
+def wait_for_reembed(api: httpx.Client, kb: str, timeout_s: float = 900) -> dict[str, Any]:
+    """The KB's view once its reembed has ended (moved, or failed with `reembed_error`)."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        view: dict[str, Any] = api.get(f"/v1/kbs/{kb}").json()
+        if view["reembed"] is None:
+            return view
+        time.sleep(0.5)
+    pytest.fail(f"reembed of {kb} still running after {timeout_s}s")

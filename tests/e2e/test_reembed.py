@@ -26,7 +26,7 @@ from shared.embedding import embedded_text, encoder, for_model
 from shared.search.client import build_client
 from shared.search.placement import kb_alias, kb_index_pattern, kb_scope, resolve
 from shared.search.schema import VECTOR_FIELDS, chunks_index
-from tests.e2e.helpers import RAGLINE, Server, tenant_of, wait_ready
+from tests.e2e.helpers import RAGLINE, Server, tenant_of, wait_for_reembed, wait_ready
 from tests.integration.stored_vectors import chunk_filter, mean_direction, stored_cosine
 
 pytestmark = pytest.mark.e2e
@@ -177,7 +177,7 @@ def test_reembed_under_search_traffic(server: Server, settings: Settings) -> Non
             assert api.post(f"/v1/kbs/{kb}/documents", files=late).status_code == 202
             again = api.post(f"/v1/kbs/{kb}/reembed", json={"model": SECOND_MODEL})
             assert (again.status_code, again.json()["code"]) == (409, "CONFLICT")
-            view = _wait_for_reembed(api, kb)
+            view = wait_for_reembed(api, kb)
             first_s, during_first = time.perf_counter() - started, traffic.counts["sent"] - before
             assert (view["embedding_model"], view["embedding_dimension"]) == (SECOND_MODEL, 768)
             assert view["reembed"] is None
@@ -219,16 +219,6 @@ def test_reembed_under_search_traffic(server: Server, settings: Settings) -> Non
             assert hits["results"][0]["doc_id"] == expected, (query, hits["results"][:2])
         assert api.delete(f"/v1/kbs/{kb}").status_code == 204
     assert client.indices.get(index=kb_index_pattern(settings, tenant, kb)) == {}
-
-
-def _wait_for_reembed(api: httpx.Client, kb: str, timeout_s: float = 900) -> dict[str, Any]:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        view: dict[str, Any] = api.get(f"/v1/kbs/{kb}").json()
-        if view["reembed"] is None:
-            return view
-        time.sleep(0.5)
-    pytest.fail(f"reembed of {kb} still running after {timeout_s}s")
 
 
 def _wait_for(condition: Any, what: str, timeout_s: float = 120) -> None:
