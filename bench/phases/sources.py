@@ -9,6 +9,7 @@ sources are added through the service layer with the same policy (the API keeps 
 
 from __future__ import annotations
 
+import json
 import shutil
 import subprocess
 import threading
@@ -121,19 +122,22 @@ def _settled(bench: Bench, batch_id: str) -> None:
 def sources_figures(bench: Bench) -> None:
     settings = bench.settings
     count = DOCUMENTS_QUICK if bench.quick else DOCUMENTS
+    # The phase's own folder root, given to the worker it restarts and to its own services: the
+    # bench needs no folder root in its environment, and nothing else of the stack's is read.
+    roots = bench.work / "sources"
+    root = roots / "corpus"
     allowing = settings.model_copy(
-        update={"fetch": settings.fetch.model_copy(update={"allow": ["127.0.0.1"]})}
+        update={
+            "fetch": settings.fetch.model_copy(update={"allow": ["127.0.0.1"]}),
+            "sources": settings.sources.model_copy(update={"folder_roots": [roots]}),
+        }
     )
     services = build_services(allowing)
     tenant = settings.tenant
-    root = (
-        settings.sources.folder_roots[0] / f"bench-{bench.stamp}" if settings.sources.folder_roots else None
-    )
-    if root is None:
-        raise SystemExit("bench: RAGLINE_SOURCES__FOLDER_ROOTS names no folder root (make up sets one)")
     names = _documents(root, count)
-    repo = _git_repo(Path(shutil.copytree(root, root.parent / f"{root.name}-git")))
-    restart_worker(settings, settings.celery.worker_concurrency, env={"RAGLINE_FETCH__ALLOW": LOOPBACK})
+    repo = _git_repo(Path(shutil.copytree(root, roots / "repository")))
+    env = {"RAGLINE_FETCH__ALLOW": LOOPBACK, "RAGLINE_SOURCES__FOLDER_ROOTS": json.dumps([str(roots)])}
+    restart_worker(settings, settings.celery.worker_concurrency, env=env)
     figures: dict[str, Any] = {"documents": count}
     try:
         with _site(root, names) as sitemap:
