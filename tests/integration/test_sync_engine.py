@@ -197,3 +197,24 @@ def test_a_listing_over_the_item_limit_fails_too_large_and_deletes_nothing(case:
     assert grown.error.code == "TOO_LARGE"
     assert "RAGLINE_SOURCES__MAX_ITEMS" in grown.error.message
     assert {"a.txt", "b.txt"} <= set(case.live()), "a failed run deleted what it did not list"
+
+
+def test_a_run_whose_source_went_with_its_kb_ends_instead_of_failing_every_round(case: Case) -> None:
+    """A KB deleted while its source's run waited (or a claim rewrote the run after the delete)
+    left a run without a source; the engine raised on it, and every runner picked it first again."""
+    run = SyncRun(
+        run_id=uuid.uuid4().hex,
+        tenant_id=case.kb.tenant_id,
+        kb_id=case.kb.kb_id,
+        source_id=case.source.source_id,
+        trigger="remove",
+    )
+    store = case.services.source_store
+    store.create_run(run)
+    store.drop_kb(case.kb.tenant_id, case.kb.kb_id)
+    store.create_run(run)  # as a claim's update written after the delete would leave it
+    ended = case.engine(lambda _: Listing([])).run(run, lambda: True)
+    assert ended.status == RunStatus.CANCELLED
+    assert ended.error is not None
+    assert ended.error.code == "NOT_FOUND"
+    assert run.run_id not in {r.run_id for r in store.pending_runs()}

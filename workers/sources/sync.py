@@ -84,7 +84,13 @@ class SyncEngine:
         """Carry `run` to its end (or until `may_go_on` says no, raising `Stopped`); an outage of
         OpenSearch or Redis propagates and leaves the run to be resumed."""
         started = self.store.update_run(run.run_id, _started)
-        source = self.store.get(run.tenant_id, run.kb_id, run.source_id)
+        try:
+            source = self.store.get(run.tenant_id, run.kb_id, run.source_id)
+        except SourceNotFound:
+            # The source went (its KB deleted) while the run waited or after a claim rewrote it:
+            # nothing is left to sync or remove. Ended here, or every runner would pick it first
+            # and fail on it again, and no other source's run would ever start.
+            return self.store.update_run(run.run_id, _orphaned)
         try:
             if started.trigger == "remove":
                 return self._remove(source, started, may_go_on)
@@ -414,6 +420,13 @@ def _failed(item: ItemState, known: ItemState | None, error: RaglineError) -> It
 def _interval(source: Source) -> timedelta:
     assert source.schedule is not None
     return timedelta(seconds=source.schedule.interval_s)
+
+
+def _orphaned(run: SyncRun) -> SyncRun:
+    error = ErrorInfo(code=ErrorCode.NOT_FOUND.value, message="the source was removed before the run ended")
+    return run.model_copy(
+        update={"status": RunStatus.CANCELLED, "finished_at": utcnow(), "claimed_by": None, "error": error}
+    )
 
 
 def _started(run: SyncRun) -> SyncRun:
