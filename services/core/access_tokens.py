@@ -224,7 +224,8 @@ class AccessTokens:
         except jwt.InvalidSignatureError:
             raise refused("its signature does not verify") from None
         except jwt.DecodeError:
-            # Signed, but its payload or a time claim cannot be read ("exp": "soon").
+            # A part that is not base64 or JSON, or a time claim that is no number ("exp": "soon"):
+            # the token cannot be read, which is not the same as a signature that does not verify.
             raise refused("its claims are malformed") from None
         except jwt.PyJWTError:
             raise refused("its signature does not verify") from None
