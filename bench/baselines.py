@@ -7,28 +7,18 @@ pipeline's ratio then compares like with like on the same cores.
 
 from __future__ import annotations
 
-import multiprocessing
 import os
 import subprocess
 import time
-from typing import Any
 
 import redis
 
+from bench.encoders import encode_in_processes
 from shared.config import REPO_ROOT, Settings
-from shared.embedding import encoder, for_model
+from shared.embedding import for_model
 
 STACK = REPO_ROOT / "deploy" / "local" / "stack.sh"
 EMBED_CACHE = "ragline:emb:*"
-
-
-def _encode_share(settings: Settings, model_name: str, texts: list[str], start: Any, out: Any) -> None:
-    model = encoder(for_model(settings.embedding, model_name))
-    model.encode(texts[:8])  # load and warm up before the clock starts
-    start.wait()
-    began, cpu = time.time(), time.process_time()
-    model.encode(texts)
-    out.put((began, time.time(), time.process_time() - cpu))
 
 
 def raw_model(
@@ -36,26 +26,9 @@ def raw_model(
 ) -> dict[str, float]:
     """Chunks/s of the bare encoder of `model` (default: the configured one) over `texts`, split
     across `processes` processes started together."""
-    context = multiprocessing.get_context("spawn")  # a clean interpreter, as a worker process has
-    start, out = context.Barrier(processes), context.Queue()
-    shares = [texts[i::processes] for i in range(processes)]
-    name = model or settings.embedding.model
-    workers = [context.Process(target=_encode_share, args=(settings, name, s, start, out)) for s in shares]
-    for worker in workers:
-        worker.start()
-    spans = [out.get(timeout=3600) for _ in workers]
-    for worker in workers:
-        worker.join()
-    seconds = max(end for _, end, _ in spans) - min(began for began, _, _ in spans)
-    return {
-        "processes": processes,
-        "chunks": len(texts),
-        "seconds": round(seconds, 2),
-        "chunks_per_s": round(len(texts) / seconds, 2),
-        # What the model costs the CPU, whoever else runs: the pipeline's own overhead is the
-        # worker's CPU a chunk beyond this.
-        "cpu_ms_per_chunk": round(sum(cpu for _, _, cpu in spans) / len(texts) * 1000, 2),
-    }
+    embedding = for_model(settings.embedding, model or settings.embedding.model)
+    figures: dict[str, float] = encode_in_processes(embedding, texts, processes)
+    return figures
 
 
 def restart_worker(
