@@ -106,7 +106,9 @@ class DirBlobStore(BlobStore):
         fd, tmp_name = tempfile.mkstemp(dir=self._tmp)
         try:
             with os.fdopen(fd, "w", encoding="utf-8") as out:
-                json.dump(value, out, ensure_ascii=False)
+                # json.dumps, not json.dump: only the one-shot call uses the C encoder, and every
+                # stage of every document writes its artifact here.
+                out.write(json.dumps(value, ensure_ascii=False))
             os.replace(tmp_name, path)
         finally:
             Path(tmp_name).unlink(missing_ok=True)  # a failed write leaves no half of the text behind

@@ -26,7 +26,7 @@ from shared.search.placement import (
     attach_to_own,
     drop_aliases,
     own_indexes,
-    resolve,
+    resolve_one,
     write_aliases,
 )
 from shared.search.schema import drop_index
@@ -257,12 +257,15 @@ class Catalog:
         doomed = erasure.kb_documents(self.registry, tenant_id, kb_id)
         self.registry.delete_kb_records(tenant_id, kb_id)
         erasure.forget_documents(self.registry, self.ingestor.blobs, doomed)  # artifacts, unshared bytes
-        self.registry.delete_kb(tenant_id, kb_id)
-        # Indexes of its own (after a reembed) go too; the shared index only lost its chunks.
-        drop_aliases(self.client, self.settings, tenant_id, kb_id)
+        # Indexes of its own go too; the shared index only lost its chunks. The alias goes with
+        # its index or after it, and the record last: while it stands, a create of the same id is
+        # refused (so a new KB's alias and index are never the ones dropped here), and a delete
+        # that fails can be resent and still finds the KB's chunks.
         own = own_indexes(self.client, self.settings, tenant_id, kb_id)
         if own:
             drop_index(self.client, ",".join(own))
+        drop_aliases(self.client, self.settings, tenant_id, kb_id)
+        self.registry.delete_kb(tenant_id, kb_id)
 
     def start_reembed(self, tenant_id: str, kb_id: str, model: str) -> KbView:
         """Mark the KB and hand the reembed to a worker (workers/reembed.py); CONFLICT if one runs."""
@@ -313,7 +316,7 @@ class Catalog:
         doc = self.registry.require_doc(tenant_id, kb_id, doc_id).doc
         if doc.active_generation is None or doc.status in (DocStatus.DELETING, DocStatus.DELETED):
             raise RaglineError(f"document '{doc_id}' has no searchable version yet", code=ErrorCode.NOT_FOUND)
-        index = resolve(self.client, self.settings, [(tenant_id, kb_id)])[(tenant_id, kb_id)].alias
+        index = resolve_one(self.client, self.settings, tenant_id, kb_id).alias
         sources = read_chunks(
             self.client, index, tenant_id, kb_id, doc_id, doc.active_generation, chunk_idx, window
         )

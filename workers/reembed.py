@@ -46,7 +46,7 @@ from shared.search.placement import (
     next_alias,
     next_own_index,
     own_indexes,
-    resolve,
+    resolve_one,
     swap_alias,
 )
 from shared.search.schema import chunk_index_body, create_index, drop_index
@@ -72,7 +72,7 @@ def reembed(ctx: WorkerContext, tenant_id: str, kb_id: str, model: str) -> dict[
             # The API refuses such a model; a task naming one was not sent by it.
             raise ModelUnavailable("the model is not one this server knows")
         model_encoder = encoder(for_model(ctx.settings.embedding, model))
-        current = resolve(ctx.client, ctx.settings, [(tenant_id, kb_id)])[(tenant_id, kb_id)]
+        current = resolve_one(ctx.client, ctx.settings, tenant_id, kb_id)
         target = _target_index(ctx, kb, model, model_encoder.dimension)
         copied = _copy(ctx, kb, current.index, model_encoder)
         _swap(ctx, kb, current.index, target)

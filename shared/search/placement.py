@@ -27,6 +27,7 @@ from opensearchpy import OpenSearch
 from opensearchpy.exceptions import NotFoundError
 
 from shared.config import Settings
+from shared.errors import TransientError
 from shared.search.schema import (
     chunk_index_body,
     chunks_alias,
@@ -86,9 +87,10 @@ def attach_to_own(
 ) -> str:
     """Give a new KB of another model than the default an index of its own, behind its alias.
 
-    A search listing the tenant's KBs may have attached the alias to the default model's shared
-    index meanwhile (`resolve`); the move takes it from there in the same atomic call. A resent
-    create finds the alias on an index of the model already and keeps it.
+    A search listing the tenant's KBs sees the KB before its alias exists. `resolve` leaves a KB
+    with an index of its own unplaced, and the move takes the alias from every chunk index in the
+    same atomic call, wherever a search attached it meanwhile: the alias is never on two indexes.
+    A resent create finds the alias on an index of the model already and keeps it.
     """
     alias = kb_alias(settings, tenant_id, kb_id)
     current = aliased(client, [alias]).get(alias)
@@ -96,9 +98,9 @@ def attach_to_own(
         return current
     name = next_own_index(client, settings, tenant_id, kb_id, model)
     create_index(client, name, chunk_index_body(settings, model, dimension, {}))
+    anywhere = {"index": f"{chunks_alias(settings)}-*", "alias": alias, "must_exist": False}
     try:
-        moved = [{"remove": {"index": current, "alias": alias}}] if current is not None else []
-        swap_alias(client, [*moved, {"add": {"index": name, "alias": alias}}])
+        swap_alias(client, [{"remove": anywhere}, {"add": {"index": name, "alias": alias}}])
     except Exception:
         drop_index(client, name, missing_ok=True)
         raise
@@ -150,12 +152,20 @@ def attach_to_default(client: OpenSearch, settings: Settings, kbs: list[tuple[st
 def resolve(
     client: OpenSearch, settings: Settings, kbs: list[tuple[str, str]]
 ) -> dict[tuple[str, str], Placement]:
-    """The current placement of each (tenant, kb)."""
+    """The current placement of each (tenant, kb) that has one.
+
+    A KB without an alias gets one over a shared index here (KBs older than aliases), unless it
+    has an index of its own: it is being created on another model (`attach_to_own` is placing
+    it) or deleted, and attaching it to the default model's index would pair its vectors with
+    the wrong model. Such a KB has no placement until its creator's swap.
+    """
     names = {kb_alias(settings, t, k): (t, k) for t, k in kbs}
     if not names:
         return {}
     found = aliased(client, list(names))
-    missing = [key for alias, key in names.items() if alias not in found]
+    missing = [
+        key for alias, key in names.items() if alias not in found and not own_indexes(client, settings, *key)
+    ]
     if missing:
         attach_to_default(client, settings, missing)
         found = aliased(client, list(names))
@@ -208,9 +218,17 @@ def drop_aliases(client: OpenSearch, settings: Settings, tenant_id: str, kb_id: 
     client.indices.delete_alias(index="_all", name=",".join(aliases), ignore=[404])
 
 
+def resolve_one(client: OpenSearch, settings: Settings, tenant_id: str, kb_id: str) -> Placement:
+    """The KB's placement; UNAVAILABLE (worth a retry) while it has none (see `resolve`)."""
+    found = resolve(client, settings, [(tenant_id, kb_id)]).get((tenant_id, kb_id))
+    if found is None:
+        raise TransientError(f"knowledge base '{kb_id}' has no index yet: it is being created or deleted")
+    return found
+
+
 def write_targets(client: OpenSearch, settings: Settings, tenant_id: str, kb_id: str) -> list[Placement]:
     """Where a KB's chunk writes go: its alias, plus the index a running reembed fills."""
-    current = resolve(client, settings, [(tenant_id, kb_id)])[(tenant_id, kb_id)]
+    current = resolve_one(client, settings, tenant_id, kb_id)
     following = next_alias(settings, tenant_id, kb_id)
     nxt = aliased(client, [following]).get(following)
     if nxt is None or nxt == current.index:
