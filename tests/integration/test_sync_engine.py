@@ -10,16 +10,19 @@ import os
 import socket
 import uuid
 from collections.abc import Callable, Iterator, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+from typing import cast
 
 import pytest
 
 from shared.models import DocStatus, KnowledgeBase
 from shared.registry import Registry
 from shared.sources.models import ItemState, RunStatus, Source, SourceType, SyncRun, Trigger
+from shared.sources.store import SourceStore
 from shared.wiring import Services
 from tests.integration.helpers import new_kb
 from workers import leader
+from workers.sources import runner
 from workers.sources.connector import Connector, Found, Gone
 from workers.sources.runner import lease_key
 from workers.sources.sync import SyncEngine
@@ -218,3 +221,52 @@ def test_a_run_whose_source_went_with_its_kb_ends_instead_of_failing_every_round
     assert ended.error is not None
     assert ended.error.code == "NOT_FOUND"
     assert run.run_id not in {r.run_id for r in store.pending_runs()}
+
+
+class _Only:
+    """The source store, listing only the given runs as pending: the stack's other runs stay out."""
+
+    def __init__(self, store: SourceStore, run_ids: set[str]) -> None:
+        self._store, self._run_ids = store, run_ids
+
+    def __getattr__(self, name: str) -> object:
+        return getattr(self._store, name)
+
+    def pending_runs(self) -> list[SyncRun]:
+        return [r for r in self._store.pending_runs() if r.run_id in self._run_ids]
+
+
+def test_a_run_the_engine_fails_on_unexpectedly_ends_failed_and_the_runner_goes_on(
+    case: Case, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An exception nothing typed escaped the engine: the runner's round failed, and the run, still
+    pending, was claimed first and failed again in every round after it."""
+    run = SyncRun(
+        run_id=uuid.uuid4().hex,
+        tenant_id=case.kb.tenant_id,
+        kb_id=case.kb.kb_id,
+        source_id=case.source.source_id,
+        trigger="manual",
+    )
+    store = case.services.source_store
+    store.create_run(run)
+
+    class Faulty(SyncEngine):
+        def run(self, run: SyncRun, may_go_on: Callable[[], bool]) -> SyncRun:
+            raise ValueError("a fault of the engine")
+
+    def faulty(services: Services) -> SyncEngine:
+        return Faulty(
+            services.source_store, services.registry, services.ingestor, lambda _: Listing([]), 1.0, 9
+        )
+
+    monkeypatch.setattr(runner, "engine_of", faulty)
+    services = replace(case.services, source_store=cast(SourceStore, _Only(store, {run.run_id})))
+    sync_runner = runner.SyncRunner(case.services.redis, ME, lambda: services, 600)
+    assert sync_runner.run_pending()
+    ended = store.get_run(case.kb.tenant_id, case.kb.kb_id, case.source.source_id, run.run_id)
+    assert ended.status == RunStatus.FAILED
+    assert ended.error is not None
+    assert ended.error.code == "INTERNAL"
+    assert store.get(case.kb.tenant_id, case.kb.kb_id, case.source.source_id).last_run is not None
+    assert not sync_runner.run_pending()

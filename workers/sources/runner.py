@@ -29,6 +29,7 @@ from shared.sources.service import WAKE_KEY
 from shared.sources.store import source_key
 from shared.wiring import Services
 from workers import leader
+from workers.failures import is_outage
 from workers.sources.sync import Stopped, SyncEngine
 from workers.sources.types import connector_for
 
@@ -127,8 +128,13 @@ class SyncRunner:
             try:
                 services.sources.start(source, "schedule", run_id=run_id)
             except RaglineError as error:
-                if error.code != ErrorCode.CONFLICT:
-                    raise  # CONFLICT: another runner queued this very run first
+                if error.code != ErrorCode.CONFLICT:  # CONFLICT: another runner queued it first
+                    # One source's refusal must not keep the others' runs from being queued or
+                    # run: it is tried again next round.
+                    log.warning(
+                        "scheduled sync of %s/%s not queued: %s", source.kb_id, source.source_id, error
+                    )
+                    continue
 
             def taken(current: Source, due: datetime = due) -> Source:
                 """The next time is set when the run ends (workers/sources/sync.py)."""
@@ -153,9 +159,15 @@ class SyncRunner:
                 if not current.status.active:
                     continue  # ended or cancelled since it was listed
                 store.update_run(run.run_id, lambda r: r.model_copy(update={"claimed_by": self.me}))
+                engine = engine_of(services)
                 try:
-                    engine_of(services).run(current, lambda: keeper.alive and not self._stop.is_set())
+                    engine.run(current, lambda: keeper.alive and not self._stop.is_set())
                 except Stopped:
                     log.info("sync %s stopped (cancelled, lease lost or worker stopping)", run.run_id)
+                except Exception as error:
+                    if is_outage(error):
+                        raise  # resumed once OpenSearch or Redis answers again
+                    log.exception("sync %s failed unexpectedly; it ends failed", run.run_id)
+                    engine.fail(current, error)
             return True
         return False

@@ -105,6 +105,17 @@ class SyncEngine:
         finally:
             connector.close()
 
+    def fail(self, run: SyncRun, error: Exception) -> SyncRun:
+        """End `run` FAILED (INTERNAL) after an exception nothing typed: a fault of the engine itself.
+        Left running, it would be claimed first and fail again in every round, ahead of every
+        other source's run."""
+        fault = RaglineError(f"the run failed unexpectedly ({type(error).__name__})", code=ErrorCode.INTERNAL)
+        try:
+            source = self.store.get(run.tenant_id, run.kb_id, run.source_id)
+        except SourceNotFound:
+            return self.store.update_run(run.run_id, _orphaned)
+        return self._end(source, self.store.get_run(*_scope(run), run.run_id), RunStatus.FAILED, error=fault)
+
     def _sync(
         self, source: Source, run: SyncRun, connector: Connector, may_go_on: Callable[[], bool]
     ) -> SyncRun:
@@ -420,6 +431,10 @@ def _failed(item: ItemState, known: ItemState | None, error: RaglineError) -> It
 def _interval(source: Source) -> timedelta:
     assert source.schedule is not None
     return timedelta(seconds=source.schedule.interval_s)
+
+
+def _scope(run: SyncRun) -> tuple[str, str, str]:
+    return run.tenant_id, run.kb_id, run.source_id
 
 
 def _orphaned(run: SyncRun) -> SyncRun:
