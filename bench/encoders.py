@@ -37,7 +37,8 @@ from shared.config import REPO_ROOT, EmbeddingSettings, get_settings
 from shared.embedding import INT8_MODELS, Vectors, encoder, onnx_model_path
 
 AGREEMENT_SAMPLE = 256  # texts whose vectors every setup returns for the comparison
-GPU_BATCH_SIZES = (32, 256)  # the default batch, and one that fills a GPU better
+# On a GPU: float32 at the default batch and at one that fills a GPU better, then half precision.
+GPU_RUNS = (("float32", 32), ("float32", 256), ("float16", 256), ("bfloat16", 256))
 
 
 @dataclass(frozen=True)
@@ -114,17 +115,17 @@ def setups(base: EmbeddingSettings, processes: int, gpus: list[str]) -> list[Set
     """The baseline (ONNX fp32 in `processes` processes, as the workers run it) first."""
     onnx = base.model_copy(update={"backend": "onnx", "device": "cpu"})
     torch_cpu = base.model_copy(update={"backend": "sentence-transformers", "device": "cpu"})
-    found = [Setup(f"onnx fp32, cpu, {processes} processes", onnx, processes)]
+    found = [Setup(f"onnx float32, cpu, {processes} processes", onnx, processes)]
     if f"{base.model}-int8" in INT8_MODELS:
         int8 = onnx.model_copy(update={"model": f"{base.model}-int8"})
         found.append(Setup(f"onnx int8, cpu, {processes} processes", int8, processes))
-    found.append(Setup("sentence-transformers fp32, cpu, 1 process", torch_cpu, 1))
+    found.append(Setup("sentence-transformers float32, cpu, 1 process", torch_cpu, 1))
     for gpu in gpus:
-        for batch in GPU_BATCH_SIZES:
+        for precision, batch in GPU_RUNS:
             found.append(
                 Setup(
-                    f"sentence-transformers fp32, {gpu}, batch {batch}",
-                    torch_cpu.model_copy(update={"device": gpu, "batch_size": batch}),
+                    f"sentence-transformers {precision}, {gpu}, batch {batch}",
+                    torch_cpu.model_copy(update={"device": gpu, "batch_size": batch, "precision": precision}),
                     1,
                 )
             )
@@ -189,7 +190,7 @@ def measure(
         print(f"encoders: {setup.name}", flush=True)
         row: dict[str, Any] = {
             "name": setup.name,
-            **setup.embedding.model_dump(include={"model", "backend", "device", "batch_size"}),
+            **setup.embedding.model_dump(include={"model", "backend", "device", "precision", "batch_size"}),
         }
         try:
             figures = encode_in_processes(setup.embedding, texts, setup.processes, sample)

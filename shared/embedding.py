@@ -257,11 +257,16 @@ def token_batches(lengths: list[int], max_texts: int, max_tokens: int) -> list[l
 class SentenceTransformerEncoder:
     """The reference encoder: sentence-transformers on torch, on the CPU or a GPU (`device`)."""
 
-    def __init__(self, directory: Path, batch_size: int, device: str = "cpu") -> None:
+    def __init__(
+        self, directory: Path, batch_size: int, device: str = "cpu", precision: str = "float32"
+    ) -> None:
+        import torch
         from sentence_transformers import SentenceTransformer
 
         self._model = SentenceTransformer(str(directory), device=device)
+        self._model.to(getattr(torch, precision))
         self.device = str(self._model.device)
+        self.precision = precision
         self.max_seq_length = int(self._model.max_seq_length or 256)
         self.dimension = int(self._model.get_embedding_dimension() or 0)
         self._batch_size = batch_size
@@ -271,10 +276,11 @@ class SentenceTransformerEncoder:
         return [n + SPECIAL_TOKENS for n in self._counter.count(texts)]
 
     def encode(self, texts: list[str]) -> Vectors:
-        vectors = self._model.encode(
-            texts, batch_size=self._batch_size, normalize_embeddings=True, convert_to_numpy=True
-        )
-        return np.asarray(vectors, dtype=np.float32).reshape(len(texts), self.dimension)
+        if not texts:
+            return np.zeros((0, self.dimension), dtype=np.float32)
+        vectors = self._model.encode(texts, batch_size=self._batch_size, convert_to_tensor=True)
+        # Normalized in float32 here: at half precision the norm itself is rounded.
+        return _normalize(vectors.float().cpu().numpy().reshape(len(texts), self.dimension))
 
 
 _export_lock = threading.Lock()
@@ -375,4 +381,4 @@ def encoder(settings: EmbeddingSettings) -> Encoder:
         return OnnxEncoder(
             directory, onnx_model_path(settings), settings.batch_size, settings.batch_tokens, settings.threads
         )
-    return SentenceTransformerEncoder(directory, settings.batch_size, settings.device)
+    return SentenceTransformerEncoder(directory, settings.batch_size, settings.device, settings.precision)

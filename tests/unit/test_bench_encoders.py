@@ -16,11 +16,10 @@ def test_the_baseline_comes_first_and_every_gpu_gets_the_torch_backend_at_each_b
     assert (first.backend, first.device, found[0].processes) == ("onnx", "cpu", 4)
     assert [s.embedding.model for s in found[:2]] == ["all-MiniLM-L6-v2", "all-MiniLM-L6-v2-int8"]
     gpu = [s for s in found if s.embedding.device.startswith("cuda")]
-    assert [(s.embedding.device, s.embedding.batch_size) for s in gpu] == [
-        ("cuda:0", 32),
-        ("cuda:0", 256),
-        ("cuda:1", 32),
-        ("cuda:1", 256),
+    assert [(s.embedding.device, s.embedding.precision, s.embedding.batch_size) for s in gpu] == [
+        (device, precision, batch)
+        for device in ("cuda:0", "cuda:1")
+        for precision, batch in (("float32", 32), ("float32", 256), ("float16", 256), ("bfloat16", 256))
     ]
     assert {s.embedding.backend for s in gpu} == {"sentence-transformers"}
     assert all(s.processes == 1 for s in gpu)
@@ -68,9 +67,9 @@ def test_the_report_shows_a_failed_setup_beside_the_measured_ones() -> None:
         "machine": {"cpus": 2, "processor": "x"},
         "texts": 10,
         "model": "all-MiniLM-L6-v2",
-        "setups": [row, {"name": "sentence-transformers fp32, cuda:0, batch 32", "error": "CUDA error"}],
+        "setups": [row, {"name": "sentence-transformers float32, cuda:0, batch 32", "error": "CUDA error"}],
     }
     text = report(results)
     assert "| onnx fp32, cpu, 2 processes | 40.0 | 1.0 | 48.0 |  | 1.0 |  |" in text
-    assert "| sentence-transformers fp32, cuda:0, batch 32 | failed: CUDA error |" in text
+    assert "| sentence-transformers float32, cuda:0, batch 32 | failed: CUDA error |" in text
     assert "no GPU" in text

@@ -40,6 +40,26 @@ def test_the_sentence_transformers_backend_is_chosen_by_settings_on_its_device()
     assert cosines.min() >= 0.999
 
 
+@pytest.mark.parametrize("precision", ["float16", "bfloat16"])
+def test_the_sentence_transformers_backend_at_half_precision_stays_close_to_float32(precision: str) -> None:
+    """The GPU's fast path, run here on the CPU: the same code, the weights cast to `precision`."""
+    settings = load_settings().embedding
+    half = encoder(settings.model_copy(update={"backend": "sentence-transformers", "precision": precision}))
+    assert isinstance(half, SentenceTransformerEncoder)
+    assert half.precision == precision
+    vectors = half.encode(TEXTS)
+    assert vectors.dtype == np.float32
+    assert np.allclose(np.linalg.norm(vectors, axis=1), 1.0, atol=1e-5)
+    cosines = (vectors * encoder(settings).encode(TEXTS)).sum(axis=1)
+    assert cosines.min() >= 0.99
+    assert half.encode([]).shape == (0, 384)
+
+
+def test_a_precision_torch_does_not_name_is_refused() -> None:
+    with pytest.raises(ValidationError):
+        EmbeddingSettings(precision="int4")
+
+
 @pytest.mark.parametrize("device", ["cpu", "cuda", "cuda:1", "mps"])
 def test_devices_torch_names_are_accepted(device: str) -> None:
     assert EmbeddingSettings(device=device).device == device
