@@ -46,10 +46,14 @@ def _validation_details(error: RequestValidationError) -> dict[str, Any]:
 def install(app: FastAPI) -> None:
     @app.exception_handler(RaglineError)
     async def _domain(_: Request, error: RaglineError) -> JSONResponse:
-        headers = (
-            {"Retry-After": str(error.details["retry_after"])} if "retry_after" in error.details else None
-        )
-        return envelope(error.code, error.message, error.details, headers)
+        headers: dict[str, str] = {}
+        if "retry_after" in error.details:
+            headers["Retry-After"] = str(error.details["retry_after"])
+        if error.code == ErrorCode.FORBIDDEN and "required_scope" in error.details:
+            scope = error.details["required_scope"]
+            challenge = f'realm="ragline", error="insufficient_scope", scope="{scope}"'
+            headers["WWW-Authenticate"] = f"Bearer {challenge}"
+        return envelope(error.code, error.message, error.details, headers or None)
 
     @app.exception_handler(RequestValidationError)
     async def _invalid(_: Request, error: RequestValidationError) -> JSONResponse:

@@ -137,8 +137,15 @@ class KeyRing:
 
 
 def require(principal: Principal, role: Role) -> None:
+    """FORBIDDEN below `role`; the details name the scope that grants it, which the REST front
+    sends back as an `insufficient_scope` challenge (RFC 6750 section 3.1), so an OAuth client
+    knows which token to ask for."""
     if principal.role < role:
-        raise RaglineError(f"this needs the {role.name.lower()} role", code=ErrorCode.FORBIDDEN)
+        raise RaglineError(
+            f"this needs the {role.name.lower()} role",
+            code=ErrorCode.FORBIDDEN,
+            details={"required_scope": f"ragline:{role.name.lower()}"},
+        )
 
 
 def key_from_headers(authorization: str | None, x_api_key: str | None) -> str | None:

@@ -392,6 +392,12 @@ def test_a_read_key_is_refused_on_every_write_endpoint(
                 writes += 1
                 assert response.status_code == 403, (endpoint, response.text)
                 assert response.json()["code"] == "FORBIDDEN"
+                # RFC 6750 section 3.1: the scope that would have been enough.
+                needed = response.json()["details"]["required_scope"]
+                assert needed in ("ragline:write", "ragline:admin"), (endpoint, needed)
+                assert response.headers["www-authenticate"] == (
+                    f'Bearer realm="ragline", error="insufficient_scope", scope="{needed}"'
+                )
     print(f"REST roles: read key refused on {writes} write endpoints, served on {reads} read endpoints")
     assert writes > 0
     assert assert_a_intact(server, tenant_a) == 0
