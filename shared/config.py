@@ -518,6 +518,13 @@ class McpSettings(_Section):
         description="Open MCP sessions (stateful streamable HTTP, and SSE streams) a tenant may hold in one "
         "process; more get 429.",
     )
+    session_idle_s: int = Field(
+        1800,
+        ge=1,
+        le=86_400,
+        description="An MCP session (stateful streamable HTTP, or an SSE stream) with no message for "
+        "this long ends, and leaves its tenant's place free.",
+    )
     max_request_bytes: int | None = Field(
         None,
         ge=1024,

@@ -18,6 +18,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 from services.core.identity import Authenticator
 from services.mcp.sdk_patches import limit_sse_posts, low_level_server
 from services.mcp.sessions import EnvelopeBodyLimit, install_sessions, owner
+from services.mcp.sse_idle import run_until_idle
 from shared.config import Settings
 from shared.errors import ErrorCode, RaglineError
 
@@ -107,7 +108,7 @@ def mcp_routes(
             return
         with sessions.holding(tenant):
             async with sse.connect_sse(scope, receive, send) as (read, write):
-                await server.run(read, write, server.create_initialization_options())
+                await run_until_idle(server, read, write, settings.mcp.session_idle_s)
 
     routes: list[Route | Mount] = [*auth.metadata_routes()]
     if "streamable-http" in transports:

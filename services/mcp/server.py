@@ -50,6 +50,7 @@ def build_mcp(state: AppState, *, stdio_principal: Principal | None = None) -> R
         instructions=INSTRUCTIONS,
         streamable_http_path=settings.mcp.path,
         stateless_http=settings.mcp.stateless,
+        session_idle_timeout=None if settings.mcp.stateless else settings.mcp.session_idle_s,
         lifespan=lifespan,
         transport_security=TransportSecuritySettings(
             enable_dns_rebinding_protection=True, allowed_hosts=hosts, allowed_origins=origins

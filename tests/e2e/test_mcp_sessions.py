@@ -22,6 +22,7 @@ VERSION = "2025-06-18"
 SESSIONS_PER_TENANT = 3
 MAX_FILE = 6 << 20
 LIMIT = 4 * -(-MAX_FILE // 3) + (1 << 20)  # the documented default: base64 of the largest file
+IDLE_S = 2
 
 
 @pytest.fixture(scope="module")
@@ -33,6 +34,17 @@ def capped(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
             "RAGLINE_MCP__SESSIONS_PER_TENANT": str(SESSIONS_PER_TENANT),
             "RAGLINE_API__MAX_FILE_BYTES": str(MAX_FILE),
         },
+    )
+    yield handle
+    stop_server(process)
+
+
+@pytest.fixture(scope="module")
+def idling(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+    """A server with one session per tenant that ends sessions idle for 2 s."""
+    handle, process = start_server(
+        tmp_path_factory.mktemp("idling"),
+        {"RAGLINE_MCP__SESSIONS_PER_TENANT": "1", "RAGLINE_MCP__SESSION_IDLE_S": str(IDLE_S)},
     )
     yield handle
     stop_server(process)
@@ -151,6 +163,27 @@ def test_sse_streams_count_against_the_same_cap(capped: Server) -> None:
         held.append(opened.headers["mcp-session-id"])
         for session in held:
             client.delete("/mcp", headers=_headers(capped, "a_admin", session))
+
+
+def test_an_idle_sse_stream_and_an_idle_session_end_and_free_their_tenants_place(idling: Server) -> None:
+    """An SSE stream nobody used held its place against the cap for as long as it stayed open."""
+    headers = {"Accept": "text/event-stream", "X-Api-Key": idling.keys["a_admin"]}
+    with httpx.Client(base_url=idling.url, timeout=30) as client:
+        with client.stream("GET", "/mcp/sse", headers=headers) as stream:
+            assert stream.status_code == 200
+            assert _open(client, idling, "a_admin").status_code == 429  # the stream holds the place
+            lines = list(stream.iter_lines())  # until the server ends the stream
+        assert lines[0].startswith("event: endpoint")
+        session = _session(client, idling, "a_admin")  # the stream's place is free again
+        assert _call(client, idling, "a_admin", session, "list_knowledge_bases").status_code == 200
+        deadline = time.monotonic() + 20
+        while (used := _call(client, idling, "a_admin", session, "list_knowledge_bases")).status_code == 200:
+            assert time.monotonic() < deadline, "the idle session never ended"
+            time.sleep(IDLE_S + 1)
+        assert used.status_code == 404, used.text
+        again = _open(client, idling, "a_admin")
+        assert again.status_code == 200, again.text
+        client.delete("/mcp", headers=_headers(idling, "a_admin", again.headers["mcp-session-id"]))
 
 
 def _big_page(size: int) -> str:
