@@ -72,7 +72,7 @@ class Case:
     kb: KnowledgeBase
     source: Source
 
-    def run(self, connector: Connector, trigger: Trigger = "manual", max_items: int = 1000) -> SyncRun:
+    def queued(self, trigger: Trigger = "manual") -> SyncRun:
         run = SyncRun(
             run_id=uuid.uuid4().hex,
             tenant_id=self.kb.tenant_id,
@@ -81,7 +81,10 @@ class Case:
             trigger=trigger,
         )
         self.services.source_store.create_run(run)
-        return self.engine(lambda _: connector, max_items).run(run, lambda: True)
+        return run
+
+    def run(self, connector: Connector, trigger: Trigger = "manual", max_items: int = 1000) -> SyncRun:
+        return self.engine(lambda _: connector, max_items).run(self.queued(trigger), lambda: True)
 
     def engine(self, connector_for: Callable[[Source], Connector], max_items: int = 1000) -> SyncEngine:
         services = self.services
@@ -205,15 +208,8 @@ def test_a_listing_over_the_item_limit_fails_too_large_and_deletes_nothing(case:
 def test_a_run_whose_source_went_with_its_kb_ends_instead_of_failing_every_round(case: Case) -> None:
     """A KB deleted while its source's run waited (or a claim rewrote the run after the delete)
     left a run without a source; the engine raised on it, and every runner picked it first again."""
-    run = SyncRun(
-        run_id=uuid.uuid4().hex,
-        tenant_id=case.kb.tenant_id,
-        kb_id=case.kb.kb_id,
-        source_id=case.source.source_id,
-        trigger="remove",
-    )
+    run = case.queued("remove")
     store = case.services.source_store
-    store.create_run(run)
     store.drop_kb(case.kb.tenant_id, case.kb.kb_id)
     store.create_run(run)  # as a claim's update written after the delete would leave it
     ended = case.engine(lambda _: Listing([])).run(run, lambda: True)
@@ -241,15 +237,8 @@ def test_a_run_the_engine_fails_on_unexpectedly_ends_failed_and_the_runner_goes_
 ) -> None:
     """An exception nothing typed escaped the engine: the runner's round failed, and the run, still
     pending, was claimed first and failed again in every round after it."""
-    run = SyncRun(
-        run_id=uuid.uuid4().hex,
-        tenant_id=case.kb.tenant_id,
-        kb_id=case.kb.kb_id,
-        source_id=case.source.source_id,
-        trigger="manual",
-    )
+    run = case.queued()
     store = case.services.source_store
-    store.create_run(run)
 
     class Faulty(SyncEngine):
         def run(self, run: SyncRun, may_go_on: Callable[[], bool]) -> SyncRun:
