@@ -77,6 +77,7 @@ def main(settings: Settings, server: str, api_key: str, quick: bool) -> Path:
         sources_figures(bench)
     save()
     write_report(bench.results, out / f"{bench.stamp}.md", out)
+    bench.drop_kbs()
     shutil.rmtree(bench.work, ignore_errors=True)
     console.print(f"bench: wrote {path} and {path.with_suffix('.md')}")
     return path

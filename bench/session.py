@@ -17,7 +17,7 @@ from rich.console import Console
 
 from bench.baselines import forget_embeddings, raw_model
 from client.bulk import load
-from client.http import Remote
+from client.http import ApiError, Remote
 from shared.config import Settings
 from shared.search import chunk_index
 from shared.search.placement import resolve
@@ -54,6 +54,7 @@ class Bench:
         self.client = self.services.client
         self.stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ")
         self.work = settings.state_dir / "bench" / self.stamp
+        self.created: list[str] = []
         self.results: dict[str, Any] = {
             "stamp": self.stamp,
             "quick": quick,
@@ -78,7 +79,17 @@ class Bench:
         kb_id = f"bench-{name}-{uuid.uuid4().hex[:6]}"
         body = {"kb_id": kb_id, "name": kb_id, "settings": {"pii_policy": pii}}
         self.remote.post("/v1/kbs", json=body | ({"embedding_model": model} if model else {}))
+        self.created.append(kb_id)
         return kb_id
+
+    def drop_kbs(self) -> None:
+        """Delete the KBs this run made. Left behind, their chunks stayed in the shared index, and
+        the next run's loads merged segments of a larger index: its OpenSearch CPU a chunk grew
+        from run to run."""
+        for kb_id in self.created:
+            with contextlib.suppress(ApiError):  # the warm-up's is gone already
+                self.remote.delete(f"/v1/kbs/{kb_id}")
+        self.created.clear()
 
     def ingest(self, kb: str, files: list[tuple[Path, str]], *, cold: bool = True) -> dict[str, Any]:
         """Load `files` through the REST API and wait for all of them; `cold` empties the embedding cache."""
