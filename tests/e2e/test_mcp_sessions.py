@@ -172,7 +172,12 @@ def test_an_idle_sse_stream_and_an_idle_session_end_and_free_their_tenants_place
         with client.stream("GET", "/mcp/sse", headers=headers) as stream:
             assert stream.status_code == 200
             assert _open(client, idling, "a_admin").status_code == 429  # the stream holds the place
-            lines = list(stream.iter_lines())  # until the server ends the stream
+            lines = []
+            deadline = time.monotonic() + 10 * IDLE_S
+            for line in stream.iter_lines():  # until the server ends the stream
+                lines.append(line)
+                # The server pings an open stream every 15 s, so a stream that never ends fails here.
+                assert time.monotonic() < deadline, "the idle SSE stream was never ended"
         assert lines[0].startswith("event: endpoint")
         session = _session(client, idling, "a_admin")  # the stream's place is free again
         assert _call(client, idling, "a_admin", session, "list_knowledge_bases").status_code == 200
