@@ -62,7 +62,7 @@ def _encode_share(
         if embedding.backend == "sentence-transformers" and embedding.device.startswith("cuda"):
             import torch
 
-            peak = round(torch.cuda.max_memory_allocated() / 2**20, 1)
+            peak = round(torch.cuda.max_memory_allocated(embedding.device) / 2**20, 1)
         out.put((began, ended, cpu, model.encode(sample) if sample else None, peak, None))
     except Exception:  # noqa: BLE001 - reported as the setup's error, the other setups still run
         start.abort()

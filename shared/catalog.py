@@ -15,7 +15,7 @@ from pydantic import BaseModel, Field
 from shared import erasure, fairqueue
 from shared.config import Settings
 from shared.embedding import ModelUnavailable, encoder, for_model, servable_models
-from shared.errors import ErrorCode, RaglineError
+from shared.errors import ErrorCode, RaglineError, TransientError
 from shared.ingest import Ingestor
 from shared.models import DocStatus, Document, KbSettings, KnowledgeBase, Reembed, check_pii_settings
 from shared.queue import enqueue
@@ -251,9 +251,14 @@ class Catalog:
         self.registry.get_kb(tenant_id, kb_id)
         self.sources.drop_kb(tenant_id, kb_id)  # its sources first: a run under way stops
         fairqueue.purge(self.ingestor.broker, tenant_id, kb_id)  # its waiting documents go first
-        delete_kb_chunks(
-            self.client, write_aliases(self.client, self.settings, tenant_id, kb_id), tenant_id, kb_id
-        )
+        try:
+            aliases = write_aliases(self.client, self.settings, tenant_id, kb_id)
+        except TransientError:
+            # No placement: a create on another model failed between its own index and its alias.
+            # Nothing was written through an alias; the own index goes below with the rest.
+            aliases = None
+        if aliases is not None:
+            delete_kb_chunks(self.client, aliases, tenant_id, kb_id)
         doomed = erasure.kb_documents(self.registry, tenant_id, kb_id)
         self.registry.delete_kb_records(tenant_id, kb_id)
         erasure.forget_documents(self.registry, self.ingestor.blobs, doomed)  # artifacts, unshared bytes

@@ -522,8 +522,8 @@ class McpSettings(_Section):
         1800,
         ge=1,
         le=86_400,
-        description="An MCP session (stateful streamable HTTP, or an SSE stream) with no message for "
-        "this long ends, and leaves its tenant's place free.",
+        description="An MCP session (stateful streamable HTTP, or an SSE stream) with no request in "
+        "flight for this long ends, and leaves its tenant's place free.",
     )
     max_request_bytes: int | None = Field(
         None,

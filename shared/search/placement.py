@@ -156,8 +156,8 @@ def resolve(
 
     A KB without an alias gets one over a shared index here (KBs older than aliases), unless it
     has an index of its own: it is being created on another model (`attach_to_own` is placing
-    it) or deleted, and attaching it to the default model's index would pair its vectors with
-    the wrong model. Such a KB has no placement until its creator's swap.
+    it), and attaching it to the default model's index would pair its vectors with the wrong
+    model. Such a KB has no placement until its creator's swap (a delete still removes it).
     """
     names = {kb_alias(settings, t, k): (t, k) for t, k in kbs}
     if not names:

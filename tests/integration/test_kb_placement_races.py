@@ -106,3 +106,18 @@ def test_a_delete_that_fails_on_the_kbs_own_index_keeps_the_record_so_it_can_be_
     assert own_indexes(opensearch, settings, kb.tenant_id, kb.kb_id) == []
     with pytest.raises(RaglineError):
         registry.get_kb(kb.tenant_id, kb.kb_id)
+
+
+def test_a_kb_left_with_an_own_index_and_no_alias_can_still_be_deleted(
+    opensearch: OpenSearch, registry: Registry, settings: Settings, ingestor: Ingestor
+) -> None:
+    """A create on another model that failed between its index and its alias (and whose rollback
+    failed too) left a KB that no search places: its delete answered UNAVAILABLE for ever."""
+    kb = new_kb(registry)
+    key = (kb.tenant_id, kb.kb_id)
+    own = next_own_index(opensearch, settings, *key, INT8[0])
+    create_index(opensearch, own, chunk_index_body(settings, INT8[0], INT8[1], {}))
+    Catalog(settings, registry, ingestor).delete_kb(*key)
+    assert own_indexes(opensearch, settings, *key) == []
+    with pytest.raises(RaglineError):
+        registry.get_kb(*key)

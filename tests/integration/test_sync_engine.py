@@ -15,6 +15,7 @@ from typing import cast
 
 import pytest
 
+from shared.errors import TransientError
 from shared.models import DocStatus, KnowledgeBase
 from shared.registry import Registry
 from shared.sources.models import ItemState, RunStatus, Source, SourceType, SyncRun, Trigger
@@ -232,30 +233,73 @@ class _Only:
         return [r for r in self._store.pending_runs() if r.run_id in self._run_ids]
 
 
+def _runner_over(
+    case: Case, monkeypatch: pytest.MonkeyPatch, run: SyncRun, error: Exception, *, fail_too: bool = False
+) -> runner.SyncRunner:
+    """A sync runner that sees only `run`, over an engine that raises `error` (and, with
+    `fail_too`, raises again when asked to end the run failed)."""
+
+    class Faulty(SyncEngine):
+        def run(self, run: SyncRun, may_go_on: Callable[[], bool]) -> SyncRun:
+            raise error
+
+        def fail(self, run: SyncRun, error: Exception) -> SyncRun:
+            if fail_too:
+                raise ValueError("the run's records are what broke")
+            return super().fail(run, error)
+
+    def faulty(services: Services) -> SyncEngine:
+        listing = Listing([])
+        return Faulty(services.source_store, services.registry, services.ingestor, lambda _: listing, 1.0, 9)
+
+    monkeypatch.setattr(runner, "engine_of", faulty)
+    store = case.services.source_store
+    services = replace(case.services, source_store=cast(SourceStore, _Only(store, {run.run_id})))
+    return runner.SyncRunner(case.services.redis, ME, lambda: services, 600)
+
+
+def _stored(case: Case, run: SyncRun) -> SyncRun:
+    return case.services.source_store.get_run(
+        case.kb.tenant_id, case.kb.kb_id, case.source.source_id, run.run_id
+    )
+
+
 def test_a_run_the_engine_fails_on_unexpectedly_ends_failed_and_the_runner_goes_on(
     case: Case, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """An exception nothing typed escaped the engine: the runner's round failed, and the run, still
     pending, was claimed first and failed again in every round after it."""
     run = case.queued()
-    store = case.services.source_store
-
-    class Faulty(SyncEngine):
-        def run(self, run: SyncRun, may_go_on: Callable[[], bool]) -> SyncRun:
-            raise ValueError("a fault of the engine")
-
-    def faulty(services: Services) -> SyncEngine:
-        return Faulty(
-            services.source_store, services.registry, services.ingestor, lambda _: Listing([]), 1.0, 9
-        )
-
-    monkeypatch.setattr(runner, "engine_of", faulty)
-    services = replace(case.services, source_store=cast(SourceStore, _Only(store, {run.run_id})))
-    sync_runner = runner.SyncRunner(case.services.redis, ME, lambda: services, 600)
+    sync_runner = _runner_over(case, monkeypatch, run, ValueError("a fault of the engine"))
     assert sync_runner.run_pending()
-    ended = store.get_run(case.kb.tenant_id, case.kb.kb_id, case.source.source_id, run.run_id)
+    ended = _stored(case, run)
     assert ended.status == RunStatus.FAILED
     assert ended.error is not None
     assert ended.error.code == "INTERNAL"
-    assert store.get(case.kb.tenant_id, case.kb.kb_id, case.source.source_id).last_run is not None
+    assert case.services.source_store.get(case.kb.tenant_id, case.kb.kb_id, case.source.source_id).last_run
+    assert not sync_runner.run_pending()
+
+
+def test_a_retryable_failure_is_tried_again_and_ends_the_run_only_after_its_attempts(
+    case: Case, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    run = case.queued()
+    sync_runner = _runner_over(case, monkeypatch, run, TransientError("the blob store is busy"))
+    with pytest.raises(TransientError):
+        sync_runner.run_pending()  # the round fails and waits; the run stays to be tried again
+    assert _stored(case, run).status.active
+    store = case.services.source_store
+    store.update_run(run.run_id, lambda r: r.model_copy(update={"attempts": runner.RUN_ATTEMPTS - 1}))
+    assert sync_runner.run_pending()
+    assert _stored(case, run).status == RunStatus.FAILED
+
+
+def test_a_run_that_cannot_even_be_ended_is_marked_failed(
+    case: Case, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    run = case.queued()
+    sync_runner = _runner_over(case, monkeypatch, run, ValueError("a fault"), fail_too=True)
+    assert sync_runner.run_pending()
+    ended = _stored(case, run)
+    assert ended.status == RunStatus.FAILED
     assert not sync_runner.run_pending()

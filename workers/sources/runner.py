@@ -21,6 +21,7 @@ from collections.abc import Callable
 from datetime import datetime
 
 import redis
+from opensearchpy.exceptions import ConflictError
 
 from shared.errors import ErrorCode, RaglineError
 from shared.models import utcnow
@@ -30,12 +31,13 @@ from shared.sources.store import source_key
 from shared.wiring import Services
 from workers import leader
 from workers.failures import is_outage
-from workers.sources.sync import Stopped, SyncEngine
+from workers.sources.sync import Stopped, SyncEngine, faulted
 from workers.sources.types import connector_for
 
 log = logging.getLogger(__name__)
 
 POLL_S = 5.0  # pending runs are looked for this often even when nobody wakes the runner
+RUN_ATTEMPTS = 5  # a run whose engine keeps failing on a retryable error ends failed after these
 
 
 def lease_key(run: SyncRun) -> str:
@@ -127,6 +129,8 @@ class SyncRunner:
             run_id = scheduled_run_id(source.tenant_id, source.kb_id, source.source_id, due.isoformat())
             try:
                 services.sources.start(source, "schedule", run_id=run_id)
+            except ConflictError:
+                pass  # the run's id is taken: another runner queued this very run first
             except RaglineError as error:
                 if error.code != ErrorCode.CONFLICT:  # CONFLICT: another runner queued it first
                     # One source's refusal must not keep the others' runs from being queued or
@@ -145,6 +149,15 @@ class SyncRunner:
                 )
 
             store.update(source.tenant_id, source.kb_id, source.source_id, taken)
+
+    def _fail(self, engine: SyncEngine, run: SyncRun, error: Exception) -> None:
+        """End `run` failed; if even that fails (its records are what broke), mark it failed
+        plainly, so that it is not claimed first again in every round."""
+        try:
+            engine.fail(run, error)
+        except Exception:
+            log.exception("sync %s could not be ended; marked failed", run.run_id)
+            engine.store.update_run(run.run_id, faulted)
 
     def run_pending(self) -> bool:
         """Claim one pending run and carry it out; False when there was none to claim."""
@@ -167,7 +180,10 @@ class SyncRunner:
                 except Exception as error:
                     if is_outage(error):
                         raise  # resumed once OpenSearch or Redis answers again
+                    retryable = isinstance(error, RaglineError) and error.retryable
+                    if retryable and current.attempts + 1 < RUN_ATTEMPTS:
+                        raise  # the round fails; the run is tried again after the runner's pause
                     log.exception("sync %s failed unexpectedly; it ends failed", run.run_id)
-                    engine.fail(current, error)
+                    self._fail(engine, current, error)
             return True
         return False

@@ -114,7 +114,10 @@ class SyncEngine:
             source = self.store.get(run.tenant_id, run.kb_id, run.source_id)
         except SourceNotFound:
             return self.store.update_run(run.run_id, _orphaned)
-        return self._end(source, self.store.get_run(*_scope(run), run.run_id), RunStatus.FAILED, error=fault)
+        current = self.store.get_run(*_scope(run), run.run_id)
+        if not current.status.active:
+            return current  # cancelled (or ended) meanwhile: that stands
+        return self._end(source, current, RunStatus.FAILED, error=fault)
 
     def _sync(
         self, source: Source, run: SyncRun, connector: Connector, may_go_on: Callable[[], bool]
@@ -435,6 +438,17 @@ def _interval(source: Source) -> timedelta:
 
 def _scope(run: SyncRun) -> tuple[str, str, str]:
     return run.tenant_id, run.kb_id, run.source_id
+
+
+def faulted(run: SyncRun) -> SyncRun:
+    """A run marked failed without its counts or its source's record: what is left when ending it
+    the usual way failed too."""
+    if not run.status.active:
+        return run
+    error = ErrorInfo(code=ErrorCode.INTERNAL.value, message="the run failed unexpectedly")
+    return run.model_copy(
+        update={"status": RunStatus.FAILED, "finished_at": utcnow(), "claimed_by": None, "error": error}
+    )
 
 
 def _orphaned(run: SyncRun) -> SyncRun:
