@@ -24,6 +24,7 @@ import json
 import multiprocessing
 import os
 import platform
+import queue
 import time
 import traceback
 from dataclasses import dataclass
@@ -36,6 +37,7 @@ import numpy as np
 from shared.config import REPO_ROOT, EmbeddingSettings, get_settings
 from shared.embedding import INT8_MODELS, Vectors, encoder, onnx_model_path
 
+BARRIER_S = 600.0  # the longest a process waits for its siblings to load their models
 AGREEMENT_SAMPLE = 256  # texts whose vectors every setup returns for the comparison
 # On a GPU: float32 at the default batch and at one that fills a GPU better, then half precision.
 GPU_RUNS = (("float32", 32), ("float32", 256), ("float16", 256), ("bfloat16", 256))
@@ -54,7 +56,7 @@ def _encode_share(
     try:
         model = encoder(embedding)
         model.encode(texts[:8])  # load and warm up before the clock starts
-        start.wait()
+        start.wait(timeout=BARRIER_S)  # a sibling that died while loading never arrives
         began, cpu = time.time(), time.process_time()
         model.encode(texts)
         ended, cpu = time.time(), time.process_time() - cpu
@@ -67,6 +69,19 @@ def _encode_share(
     except Exception:  # noqa: BLE001 - reported as the setup's error, the other setups still run
         start.abort()
         out.put((0.0, 0.0, 0.0, None, None, traceback.format_exc(limit=3)))
+
+
+def _next_span(out: Any, workers: list[Any]) -> tuple[Any, ...]:
+    """The next share's figures; a process that died without a word (killed, out of memory) is
+    an error, not a wait of an hour."""
+    while True:
+        try:
+            span: tuple[Any, ...] = out.get(timeout=1)
+            return span
+        except queue.Empty:
+            dead = [w.exitcode for w in workers if w.exitcode not in (None, 0)]
+            if dead:
+                raise RuntimeError(f"an encoder process died (exit code {dead[0]})") from None
 
 
 def encode_in_processes(
@@ -86,9 +101,13 @@ def encode_in_processes(
     ]
     for worker in workers:
         worker.start()
-    spans = [out.get(timeout=3600) for _ in workers]
-    for worker in workers:
-        worker.join()
+    try:
+        spans = [_next_span(out, workers) for _ in workers]
+    finally:
+        for worker in workers:
+            worker.join(timeout=5)
+            if worker.is_alive():
+                worker.terminate()
     errors = [error for *_, error in spans if error]
     if errors:
         raise RuntimeError(errors[0])

@@ -210,7 +210,7 @@ class EmbeddingSettings(_Section):
     precision: Literal["float32", "float16", "bfloat16"] = Field(
         "float32",
         description="Weights and arithmetic of the sentence-transformers backend: float16 or bfloat16 "
-        "halve its memory and use a GPU's tensor cores (docs/benchmarks.md#encoders-on-a-gpu); the "
+        "halve its memory and use a GPU's tensor cores (see Benchmarks, encoders on a GPU); the "
         "ONNX backend is float32 (or the int8 model).",
     )
     batch_size: int = Field(32, ge=1, le=4096, description="Texts per encode call at most.")
