@@ -44,12 +44,23 @@ def describe(error: BaseException) -> str:
     return f"{name}: {message!r}{where}"
 
 
-def _virtual_memory_bytes() -> int:
+def virtual_memory_bytes() -> int:
     with open("/proc/self/status", encoding="ascii") as status:
         for line in status:
             if line.startswith("VmSize:"):
                 return int(line.split()[1]) * 1024
     return 0
+
+
+def limit_memory(limit: int, *, hard: bool) -> None:
+    """Cap this process's address space at `limit` bytes; `hard`: for good (a sandbox about to
+    run one parse), else only the soft limit, which a process that serves parses sets anew."""
+    _, current_hard = resource.getrlimit(resource.RLIMIT_AS)
+    resource.setrlimit(resource.RLIMIT_AS, (limit, limit if hard else current_hard))
+
+
+def timed_out(what: str, timeout_s: float) -> PermanentError:
+    return PermanentError(f"{what} took longer than {timeout_s:.0f} s", code=ErrorCode.TIMEOUT)
 
 
 def run_limited(fn: Callable[[], Any], *, timeout_s: float, memory_bytes: int, what: str) -> Any:
@@ -71,37 +82,43 @@ def _child(fn: Callable[[], Any], result_path: str, timeout_s: float, memory_byt
         signal.signal(signal.SIGTERM, signal.SIG_DFL)
         signal.signal(signal.SIGINT, signal.SIG_DFL)
         # The child already maps what the worker imported: the memory limit is on top of that.
-        limit = _virtual_memory_bytes() + memory_bytes
-        resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
+        limit_memory(virtual_memory_bytes() + memory_bytes, hard=True)
         cpu = int(timeout_s) + 1
         resource.setrlimit(resource.RLIMIT_CPU, (cpu, cpu + 1))
-        try:
-            payload: dict[str, Any] = {"ok": fn()}
-        except RaglineError as error:
-            payload = {"error": error.code.value, "message": error.message}
-        except MemoryError as error:
-            payload = {
-                "error": ErrorCode.PARSE_ERROR.value,
-                "message": "parsing needed more memory than allowed",
-                "cause": describe(error),
-            }
-        except RecursionError as error:
-            payload = {
-                "error": ErrorCode.PARSE_ERROR.value,
-                "message": "the document is nested too deeply",
-                "cause": describe(error),
-            }
-        except Exception as error:  # noqa: BLE001  (any parser failure means an unreadable file)
-            payload = {
-                "error": ErrorCode.PARSE_ERROR.value,
-                "message": f"could not parse the file ({type(error).__name__})",
-                "cause": describe(error),
-            }
+        payload = outcome(fn)
         with open(result_path, "w", encoding="utf-8") as out:
-            json.dump(payload, out)
+            out.write(json.dumps(payload))
         code = 0
     finally:
         os._exit(code)
+
+
+def outcome(fn: Callable[[], Any]) -> dict[str, Any]:
+    """`fn()`'s result as {"ok": value}, or its failure as {"error": code, "message", "cause"}:
+    what a sandbox reports, classified the same wherever the function ran."""
+    try:
+        payload: dict[str, Any] = {"ok": fn()}
+    except RaglineError as error:
+        payload = {"error": error.code.value, "message": error.message}
+    except MemoryError as error:
+        payload = {
+            "error": ErrorCode.PARSE_ERROR.value,
+            "message": "parsing needed more memory than allowed",
+            "cause": describe(error),
+        }
+    except RecursionError as error:
+        payload = {
+            "error": ErrorCode.PARSE_ERROR.value,
+            "message": "the document is nested too deeply",
+            "cause": describe(error),
+        }
+    except Exception as error:  # noqa: BLE001  (any parser failure means an unreadable file)
+        payload = {
+            "error": ErrorCode.PARSE_ERROR.value,
+            "message": f"could not parse the file ({type(error).__name__})",
+            "cause": describe(error),
+        }
+    return payload
 
 
 def _wait(pid: int, result_path: str, timeout_s: float, what: str) -> Any:
@@ -115,7 +132,7 @@ def _wait(pid: int, result_path: str, timeout_s: float, what: str) -> Any:
     if not exited:
         os.kill(pid, signal.SIGKILL)
         os.waitpid(pid, 0)
-        raise PermanentError(f"{what} took longer than {timeout_s:.0f} s", code=ErrorCode.TIMEOUT)
+        raise timed_out(what, timeout_s)
     _, status = os.waitpid(pid, 0)
     if os.WIFSIGNALED(status):
         sig = os.WTERMSIG(status)

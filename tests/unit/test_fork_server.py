@@ -1,4 +1,5 @@
-"""The fork server: sandboxes are its children, with the sandbox's limits, and its loss is survived."""
+"""The fork server: sandboxes are its children, with the sandbox's limits, and its loss is survived;
+a resident server runs calls itself under the same limits, and is replaced when it breaks one."""
 
 from __future__ import annotations
 
@@ -70,3 +71,71 @@ def test_a_dead_server_falls_back_to_forking_from_the_caller(server: ForkServer)
     result = server.run(parent_and_self, ("fallback",), **LIMITS)
     assert result["label"] == "fallback"
     assert result["ppid"] == os.getpid()
+
+
+_KEPT: list[bytearray] = []
+
+
+def keep(mib: int) -> int:
+    _KEPT.append(bytearray(b"x" * (mib << 20)))  # written, so resident, not only mapped
+    return os.getpid()
+
+
+def die_where(pid: int) -> dict[str, object]:
+    """Kills the process it runs in if that is `pid`; elsewhere reports where it ran."""
+    if os.getpid() == pid:
+        os.kill(pid, 9)
+    return parent_and_self("survived")
+
+
+@pytest.fixture
+def resident() -> Iterator[ForkServer]:
+    server = ForkServer(_nothing, resident=True)
+    yield server
+    server.close()
+
+
+def test_a_resident_server_runs_each_call_itself(resident: ForkServer) -> None:
+    first = resident.run(parent_and_self, ("a",), **LIMITS)
+    second = resident.run(parent_and_self, ("b",), **LIMITS)
+    assert first["pid"] == second["pid"] == resident.pid != os.getpid()
+    assert second["label"] == "b"
+
+
+def test_a_resident_server_keeps_the_limits_and_is_replaced_after_breaking_one(resident: ForkServer) -> None:
+    with pytest.raises(PermanentError) as refused:
+        resident.run(refuse, (), **LIMITS)
+    assert refused.value.code == ErrorCode.UNSUPPORTED_MEDIA_TYPE
+    assert resident.run(parent_and_self, ("same",), **LIMITS)["pid"] == resident.pid  # a refusal is no fault
+
+    before = resident.pid
+    with pytest.raises(PermanentError) as memory:
+        resident.run(allocate, (8,), timeout_s=20, memory_bytes=256 << 20, what="parsing")
+    assert memory.value.code == ErrorCode.PARSE_ERROR
+    assert "memory" in memory.value.message
+    after_memory = resident.run(parent_and_self, ("after memory",), **LIMITS)
+    assert after_memory["pid"] == resident.pid != before  # a fresh server: the old heap is gone
+
+    before = resident.pid
+    started = time.monotonic()
+    with pytest.raises(PermanentError) as slow:
+        resident.run(sleep, (60,), timeout_s=1, memory_bytes=1 << 30, what="parsing")
+    assert slow.value.code == ErrorCode.TIMEOUT
+    assert time.monotonic() - started < 30  # the caller's own limit, not the sleep
+    with pytest.raises(ProcessLookupError):
+        os.kill(before, 0)  # killed and reaped
+    assert resident.run(parent_and_self, ("after timeout",), **LIMITS)["pid"] == resident.pid != before
+
+
+def test_a_resident_server_that_grew_leaves_for_a_fresh_one(resident: ForkServer) -> None:
+    small = resident.run(keep, (1,), **LIMITS)
+    assert resident.run(keep, (300,), **LIMITS) == small  # ran there, and then it left
+    assert resident.run(parent_and_self, ("fresh",), **LIMITS)["pid"] not in (small, os.getpid())
+
+
+def test_a_call_whose_resident_server_dies_is_decided_in_a_sandbox_of_its_own(resident: ForkServer) -> None:
+    server = resident.pid
+    result = resident.run(die_where, (server,), **LIMITS)
+    assert result["label"] == "survived"
+    assert result["ppid"] == os.getpid()  # a sandbox forked by the caller for this call
+    assert resident.run(parent_and_self, ("next",), **LIMITS)["pid"] == resident.pid != server

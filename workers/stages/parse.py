@@ -2,8 +2,9 @@
 
 The type comes from the bytes (workers/sniff.py). Detection, the checks against hostile input
 (workers/guards.py) and partitioning run in a forked child under time and memory limits
-(workers/sandbox.py), forked from one of two small servers (workers/fork_server.py): a lean
-one for the kinds Ragline parses itself, and one that holds unstructured for the rest.
+(workers/sandbox.py) from one of two small servers (workers/fork_server.py): a lean one that
+parses the kinds Ragline parses itself under the same limits, and one that holds unstructured
+and forks a sandbox for each of the rest.
 PDFs use unstructured's fast strategy; pages without a text layer are OCRed with tesseract
 where it is installed. Plain text is read by its layout (workers/stages/plain_text.py), which
 is hundreds of times faster than unstructured's per-paragraph NLP and finds the headings that
@@ -90,8 +91,10 @@ def prepare() -> None:
 class _ForkServers:
     """A pool process's two servers. A fork costs in proportion to the forking process's memory,
     and forking the server that holds unstructured costs more than parsing a typical text file.
-    Every parse starts in the lean server, whose sandbox detects the kind and parses Ragline's
-    own kinds; the others go on to the full server."""
+    Every parse starts in the lean server, which detects the kind and parses Ragline's own kinds
+    (pure Python) itself, resident, under the sandbox's memory and time limits: there even its
+    own small fork cost many times the parse. The other kinds, whose parsers reach into native
+    libraries, go on to the full server, which forks a sandbox for each."""
 
     lean: ForkServer
     full: ForkServer
@@ -119,7 +122,7 @@ def start_fork_server() -> None:
     """Fork the processes that fork the parse sandboxes; call before loading any model."""
     if not _fork_servers:
         # The lean one first: forked before the other's parsers are imported, it stays small.
-        lean = ForkServer(_preload_nothing)
+        lean = ForkServer(_preload_nothing, resident=True)
         _fork_servers.append(_ForkServers(lean, ForkServer(_prepare_without_torch)))
 
 
