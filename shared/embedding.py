@@ -164,17 +164,35 @@ def embedded_text(chunk: dict[str, Any]) -> str:
     return f"{header}\n{chunk['text']}" if header else str(chunk["text"])
 
 
+class TooLong(ValueError):
+    """Texts the model would see only in part (by their positions in the call), refused whole."""
+
+    def __init__(self, positions: list[int], tokens: int, limit: int) -> None:
+        super().__init__(f"a chunk has {tokens} tokens, over the model's {limit}")
+        self.positions = positions
+
+
 class Encoder(Protocol):
     dimension: int
     max_seq_length: int
 
-    def encode(self, texts: list[str]) -> Vectors:
-        """L2-normalized float32 vectors, one row per text."""
+    def encode(self, texts: list[str], *, whole: bool = False) -> Vectors:
+        """L2-normalized float32 vectors, one row per text. A text over the model's input length
+        is truncated, as a query may be; with `whole`, the call raises TooLong instead."""
         ...
 
-    def count_tokens(self, texts: list[str]) -> list[int]:
-        """Tokens the model would see for each text, special tokens included."""
-        ...
+
+# Decimals of a vector component sent to OpenSearch, which keeps it as a float32 (about seven
+# significant digits): nine keep each within 5e-10 of the model's value, where a float's full
+# seventeen digits made the index requests twice the size, and their JSON encoding and parsing
+# cost the worker and OpenSearch in proportion.
+VECTOR_DECIMALS = 9
+
+
+def indexed_vector(vector: npt.NDArray[Any]) -> list[float]:
+    """`vector`'s components as an index request carries them (see VECTOR_DECIMALS)."""
+    values: list[float] = np.round(np.asarray(vector, dtype=np.float64), VECTOR_DECIMALS).tolist()
+    return values
 
 
 def _normalize(vectors: npt.NDArray[Any]) -> Vectors:
@@ -207,13 +225,13 @@ class OnnxEncoder:
         self._counter = TokenCounter(directory)
         self.dimension = int(self._session.get_outputs()[0].shape[-1])
 
-    def count_tokens(self, texts: list[str]) -> list[int]:
-        return [n + SPECIAL_TOKENS for n in self._counter.count(texts)]
-
-    def encode(self, texts: list[str]) -> Vectors:
+    def encode(self, texts: list[str], *, whole: bool = False) -> Vectors:
         if not texts:
             return np.zeros((0, self.dimension), dtype=np.float32)
         encodings = self._tokenizer.encode_batch(texts)
+        if whole:
+            # The truncation that fed the model says which texts it cut: no second tokenization.
+            _refuse_cut(self._counter, texts, [i for i, e in enumerate(encodings) if e.overflowing], self)
         lengths = [len(e.ids) for e in encodings]
         out = np.zeros((len(texts), self.dimension), dtype=np.float32)
         for batch in token_batches(lengths, self._batch_size, self._batch_tokens):
@@ -230,6 +248,12 @@ class OnnxEncoder:
             pooled = (hidden * weights).sum(axis=1) / np.maximum(weights.sum(axis=1), 1e-9)
             out[batch] = _normalize(pooled)
         return out
+
+
+def _refuse_cut(counter: TokenCounter, texts: list[str], cut: list[int], model: Encoder) -> None:
+    if cut:
+        longest = max(counter.count([texts[i] for i in cut])) + SPECIAL_TOKENS
+        raise TooLong(cut, longest, model.max_seq_length)
 
 
 def token_batches(lengths: list[int], max_texts: int, max_tokens: int) -> list[list[int]]:
@@ -272,12 +296,17 @@ class SentenceTransformerEncoder:
         self._batch_size = batch_size
         self._counter = TokenCounter(directory)
 
-    def count_tokens(self, texts: list[str]) -> list[int]:
-        return [n + SPECIAL_TOKENS for n in self._counter.count(texts)]
-
-    def encode(self, texts: list[str]) -> Vectors:
+    def encode(self, texts: list[str], *, whole: bool = False) -> Vectors:
         if not texts:
             return np.zeros((0, self.dimension), dtype=np.float32)
+        if whole:
+            counts = self._counter.count(texts)
+            _refuse_cut(
+                self._counter,
+                texts,
+                [i for i, n in enumerate(counts) if n + SPECIAL_TOKENS > self.max_seq_length],
+                self,
+            )
         vectors = self._model.encode(texts, batch_size=self._batch_size, convert_to_tensor=True)
         # Normalized in float32 here: at half precision the norm itself is rounded.
         return _normalize(vectors.float().cpu().numpy().reshape(len(texts), self.dimension))

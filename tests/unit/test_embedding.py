@@ -2,12 +2,22 @@
 
 from __future__ import annotations
 
+import json
+
 import numpy as np
 import pytest
 from pydantic import ValidationError
 
 from shared.config import EmbeddingSettings, load_settings
-from shared.embedding import SentenceTransformerEncoder, encoder, model_dir, token_batches
+from shared.embedding import (
+    SentenceTransformerEncoder,
+    TooLong,
+    encoder,
+    indexed_vector,
+    model_dir,
+    token_batches,
+)
+from workers.stages.embed import decode_b64, encode_b64
 
 TEXTS = [
     "How do I reset my password?",
@@ -84,3 +94,30 @@ def test_token_batches_group_similar_lengths_under_the_budget() -> None:
 def test_token_batches_cap_the_texts_per_call() -> None:
     batches = token_batches([2] * 10, max_texts=4, max_tokens=10_000)
     assert [len(batch) for batch in batches] == [4, 4, 2]
+
+
+def test_a_vector_travels_to_the_index_in_nine_decimals_within_float32_precision() -> None:
+    rng = np.random.default_rng(7)
+    vector = rng.standard_normal(384).astype(np.float32)
+    vector /= np.linalg.norm(vector)
+    values = indexed_vector(vector)
+    assert max(abs(sent - float(kept)) for sent, kept in zip(values, vector, strict=True)) <= 5e-10
+    assert max(len(repr(v).lstrip("-")) for v in values) <= len("0.123456789")
+    assert len(json.dumps(values)) < 0.7 * len(json.dumps(vector.astype(float).tolist()))
+    assert decode_b64(encode_b64(vector)) == values  # what the store stage sends
+    as_stored = np.asarray(values, dtype=np.float32)
+    assert float(as_stored @ vector) / float(np.linalg.norm(as_stored)) > 1 - 1e-7
+
+
+@pytest.mark.parametrize("backend", ["onnx", "sentence-transformers"])
+def test_an_encoder_asked_for_whole_texts_refuses_one_it_would_cut(backend: str) -> None:
+    settings = load_settings().embedding.model_copy(update={"backend": backend})
+    model = encoder(settings)
+    fits = " ".join(["word"] * (model.max_seq_length - 2))  # with [CLS] and [SEP]: exactly the limit
+    over = fits + " more"
+    assert model.encode([fits, "short"], whole=True).shape == (2, 384)
+    with pytest.raises(TooLong) as refused:
+        model.encode(["short", over, fits, over], whole=True)
+    assert refused.value.positions == [1, 3]
+    assert f"{model.max_seq_length + 1} tokens" in str(refused.value)
+    assert model.encode([over]).shape == (1, 384)  # a query is cut, not refused

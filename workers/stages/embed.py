@@ -15,7 +15,7 @@ from typing import Any
 
 import numpy as np
 
-from shared.embedding import embedded_text, encoder, for_model
+from shared.embedding import TooLong, embedded_text, encoder, for_model, indexed_vector
 from shared.errors import ErrorCode, PermanentError, RaglineError
 from shared.models import Document
 from workers import metrics
@@ -34,8 +34,7 @@ def encode_b64(vector: np.ndarray[Any, Any]) -> str:
 
 
 def decode_b64(value: str) -> list[float]:
-    values: list[float] = np.frombuffer(base64.b64decode(value), dtype="<f4").astype(float).tolist()
-    return values
+    return indexed_vector(np.frombuffer(base64.b64decode(value), dtype="<f4"))
 
 
 def run_batch(
@@ -63,43 +62,40 @@ def _run_model_batch(
 ) -> list[StageResult | RaglineError]:
     settings = for_model(ctx.settings.embedding, model_name)
     model = encoder(settings)
-    results: list[StageResult | RaglineError] = []
-    texts_of: list[list[str]] = []
-    for _, cleaned in items:
-        texts = [embedded_text(c) for c in cleaned["chunks"]]
-        longest = max(model.count_tokens(texts), default=0)
-        if longest > model.max_seq_length:
-            # The chunker's budget makes this impossible; refusing beats silently truncating.
-            texts_of.append([])
-            results.append(
-                PermanentError(
-                    f"a chunk has {longest} tokens, over the model's {model.max_seq_length}",
-                    code=ErrorCode.INTERNAL,
-                )
-            )
-        else:
-            texts_of.append(texts)
-            results.append(StageResult(artifact=None))
+    texts_of = [[embedded_text(c) for c in cleaned["chunks"]] for _, cleaned in items]
+    owner = [position for position, texts in enumerate(texts_of) for _ in texts]
     all_texts = [t for texts in texts_of for t in texts]
     keys = [cache_key(settings.model, t) for t in all_texts]
     cached = ctx.redis.mget(keys) if keys else []
     vectors: list[str | None] = [c.decode() if isinstance(c, bytes) else c for c in cached]
     missing = [i for i, v in enumerate(vectors) if v is None]
-    if missing:
-        fresh = model.encode([all_texts[i] for i in missing])
+    refused: dict[int, RaglineError] = {}
+    while missing:
+        try:
+            fresh = model.encode([all_texts[i] for i in missing], whole=True)
+        except TooLong as error:
+            # The chunker's budget makes this impossible; refusing beats silently truncating.
+            # Only the documents of the refused texts fail; the others are encoded again.
+            for position in {owner[missing[i]] for i in error.positions}:
+                refused[position] = PermanentError(str(error), code=ErrorCode.INTERNAL)
+            missing = [i for i in missing if owner[i] not in refused]
+            continue
         pipe = ctx.redis.pipeline(transaction=False)
         for i, vector in zip(missing, fresh, strict=True):
             encoded = encode_b64(vector)
             vectors[i] = encoded
             pipe.set(keys[i], encoded, ex=CACHE_TTL_S)
         pipe.execute()
+        break
     missing_set = set(missing)
+    results: list[StageResult | RaglineError] = []
     offset = 0
     for position, ((doc, cleaned), texts) in enumerate(zip(items, texts_of, strict=True)):
-        result = results[position]
-        if isinstance(result, RaglineError):
-            continue
         span = range(offset, offset + len(texts))
+        offset += len(texts)
+        if position in refused:
+            results.append(refused[position])
+            continue
         for chunk, i in zip(cleaned["chunks"], span, strict=True):
             chunk["embedding_b64"] = vectors[i]
         stats = {
@@ -107,8 +103,6 @@ def _run_model_batch(
             "cached": sum(1 for i in span if i not in missing_set),
             "batch_documents": len(items),
         }
-        result.artifact = cleaned
-        result.updates = {"stats": {**doc.stats, "embed": stats}}
-        offset += len(texts)
+        results.append(StageResult(artifact=cleaned, updates={"stats": {**doc.stats, "embed": stats}}))
     metrics.embed_batch(len(items), len(all_texts), len(missing))
     return results
