@@ -30,7 +30,15 @@ from typing import Any
 
 import numpy as np
 
-from shared.embedding import Encoder, ModelUnavailable, embedded_text, encoder, for_model, servable_models
+from shared.embedding import (
+    Encoder,
+    ModelUnavailable,
+    embedded_text,
+    encoder,
+    for_model,
+    indexed_vector,
+    servable_models,
+)
 from shared.models import DocStatus, KnowledgeBase
 from shared.search.chunk_index import (
     bulk_index,
@@ -124,7 +132,7 @@ def _copy(ctx: WorkerContext, kb: KnowledgeBase, source_index: str, model_encode
                 if active.get(hit["_source"]["doc_id"]) == hit["_source"]["generation"]:
                     # Chunks of an earlier version's index get the typed metadata fields here.
                     source = with_metadata_fields(hit["_source"], stored_metadata(hit["_source"]))
-                    docs += held.take(hit["_id"], {**source, "embedding": vector.tolist()})
+                    docs += held.take(hit["_id"], {**source, "embedding": indexed_vector(vector)})
             bulk_index(ctx.client, following, docs, require_alias=True, timed=metrics.bulk_request)
             copied += len(docs)
     last = held.release()

@@ -25,7 +25,7 @@ from typing import Any
 
 import numpy as np
 
-from shared.embedding import embedded_text, encoder, for_model
+from shared.embedding import embedded_text, encoder, for_model, indexed_vector
 from shared.errors import PermanentError, RaglineError, TransientError
 from shared.models import Document, utcnow
 from shared.search.chunk_index import Sources, bulk_index, delete_generations, refresh
@@ -79,7 +79,7 @@ def mean_direction(vectors: Sequence[Sequence[float]]) -> list[float] | None:
     """The normalized mean of `vectors`; None when it is zero (cosine similarity refuses it)."""
     mean = np.mean(np.asarray(vectors, dtype=np.float64), axis=0)
     norm = float(np.linalg.norm(mean))
-    return (mean / norm).tolist() if norm > 0 else None
+    return indexed_vector(mean / norm) if norm > 0 else None
 
 
 def document_fields(texts: Sequence[str], vectors: Sequence[Sequence[float]]) -> dict[str, Any]:
@@ -232,5 +232,8 @@ def _for_target(ctx: WorkerContext, target: Placement, stored: _Stored) -> Sourc
         [embedded_text(c) for c in stored.embedded["chunks"]]
     )
     return with_document_fields(
-        [(i, {**s, "embedding": v.tolist()}) for (i, s), v in zip(stored.sources, vectors, strict=True)]
+        [
+            (i, {**s, "embedding": indexed_vector(v)})
+            for (i, s), v in zip(stored.sources, vectors, strict=True)
+        ]
     )
