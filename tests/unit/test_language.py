@@ -36,3 +36,17 @@ def test_the_sample_is_bounded_and_spans_the_text() -> None:
     assert sample.endswith("c")
     assert "b" in sample
     assert language_sample("short text") == "short text"
+
+
+HEBREW = "המעבורת יוצאת מהנמל עם שחר וחוזרת לפני שערפל הערב יורד. "
+CHINESE_TRADITIONAL = "渡輪在黎明時分離開港口，並在傍晚的霧氣降臨之前返回。"
+
+
+def test_codes_are_current_iso_639_1_codes() -> None:
+    assert detect_language(HEBREW * 5, "xx") == "he"  # not CLD2's old "iw"
+    assert detect_language(CHINESE_TRADITIONAL * 5, "xx") == "zh"  # not "zh-Hant"
+
+
+def test_bytes_the_detector_cannot_take_do_not_stop_it() -> None:
+    broken = (GERMAN * 3).replace("Hafen", "Ha\ud800fen").replace("Fähre", "F\x85ähre\x00")
+    assert detect_language(broken, "xx") == "de"

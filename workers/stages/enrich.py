@@ -14,6 +14,8 @@ from collections import Counter
 from pathlib import PurePosixPath
 from typing import Any
 
+import pycld2
+
 from shared.embedding import HEADER_TOKEN_BUDGET, TokenCounter, token_counter
 from shared.models import Document
 from workers.context import WorkerContext
@@ -23,6 +25,8 @@ _WORD = re.compile(r"[A-Za-z][A-Za-z0-9_+-]{2,}")
 _LETTER = re.compile(r"[^\W\d_]")  # a letter of any script
 _LANGUAGE_WINDOW = 700
 _LANGUAGE_MIN_LETTERS = 20  # below this a guess is noise: the knowledge base's language stands
+_CONTROL = re.compile(r"[\x00-\x08\x0b\x0c\x0e-\x1f\x7f-\x9f]")
+_CURRENT_CODES = {"iw": "he", "jw": "jv", "in": "id", "ji": "yi"}  # ISO 639-1 renamed these
 _STOPWORDS = frozenset(
     [
         "about",
@@ -158,8 +162,8 @@ def language_sample(text: str) -> str:
     """What the language is detected on: windows at the text's start, middle and end.
 
     A document's opening is often not its language (a licence header, front matter, an English
-    abstract before a German body); its middle and end speak for the rest. langdetect's time
-    grows with the sample, so three short windows also cost less than one long prefix.
+    abstract before a German body); its middle and end speak for the rest, and three windows
+    bound the time a long document takes.
     """
     if len(text) <= 3 * _LANGUAGE_WINDOW:
         return text
@@ -168,18 +172,26 @@ def language_sample(text: str) -> str:
 
 
 def detect_language(text: str, default: str) -> str:
-    """ISO 639-1 code of the text's language (langdetect, deterministic seed), else the default."""
+    """ISO 639-1 code of the text's language, else the default.
+
+    CLD2 (Chrome's detector) decides, deterministic and about a hundred times faster than
+    langdetect, which cost more CPU a document than parsing it; codes it still spells the old way
+    are given their current ones, and a script without a language ("xx-Arab") is no answer.
+    """
     sample = language_sample(text)
     # Letters of any script: a gate on ASCII words sent every Russian or Chinese text to the default.
     if len(_LETTER.findall(sample)) < _LANGUAGE_MIN_LETTERS:
         return default
-    from langdetect import DetectorFactory, LangDetectException, detect
-
-    DetectorFactory.seed = 0
+    # CLD2 takes UTF-8 only, and stops at a control character of the C1 range.
+    clean = _CONTROL.sub(" ", sample).encode("utf-8", "replace")
     try:
-        return str(detect(sample)).split("-")[0]
-    except LangDetectException:
+        _, _, ranked = pycld2.detect(clean)
+    except pycld2.error:
         return default
+    code = str(ranked[0][1]).split("-")[0]
+    if code in ("un", "xx", "xxx"):
+        return default
+    return _CURRENT_CODES.get(code, code)
 
 
 def _terms(text: str) -> list[str]:
