@@ -4,13 +4,17 @@ A service is its process and all its descendants (the worker's pool processes an
 sandboxes, the JVM of each OpenSearch node); a descendant that ended during the phase is counted
 through its parent's reaped-children times. OpenSearch's JIT compiler threads are also reported
 on their own (`opensearch_jit`, part of `opensearch`): on 2 cores the C2 compiler kept compiling
-through whole loads, 40 % of OpenSearch's CPU.
+through whole loads, 40 % of OpenSearch's CPU. So is the embedding model's CPU inside the worker
+(`worker_model`, part of `worker`), from the worker's own metric: what is left of the worker's
+CPU is the pipeline's own work.
 """
 
 from __future__ import annotations
 
 import os
+import re
 import time
+import urllib.request
 from pathlib import Path
 
 import psutil
@@ -65,10 +69,26 @@ def _jit_seconds(pidfile: Path) -> float:
     return total
 
 
+MODEL_CPU_SERIES = "ragline_worker_embed_model_cpu_seconds_total"
+
+
+def _worker_model_seconds(settings: Settings) -> float | None:
+    """The worker's embedding-model CPU seconds so far, from the metrics endpoint its log names
+    (None when it serves none)."""
+    log = (settings.state_dir / "logs" / "worker.log").read_text(errors="replace")
+    urls = re.findall(r"worker metrics on (http://[^\s/]+/metrics)", log)
+    if not urls:
+        return None
+    with urllib.request.urlopen(urls[-1], timeout=10) as response:  # noqa: S310  (http://, matched above)
+        text = response.read().decode()
+    return sum(float(line.split()[-1]) for line in text.splitlines() if line.startswith(MODEL_CPU_SERIES))
+
+
 class CpuMeter:
     """`with CpuMeter(settings) as cpu: ...`, then `cpu.summary()`."""
 
     def __init__(self, settings: Settings) -> None:
+        self._settings = settings
         self._pidfiles = _pidfiles(settings)
         self._start: dict[str, float] = {}
         self._end: dict[str, float] = {}
@@ -76,7 +96,9 @@ class CpuMeter:
 
     def _read(self) -> dict[str, float]:
         used = {name: sum(_tree_seconds(p) for p in files) for name, files in self._pidfiles.items()}
-        return used | {"opensearch_jit": sum(_jit_seconds(p) for p in self._pidfiles["opensearch"])}
+        used["opensearch_jit"] = sum(_jit_seconds(p) for p in self._pidfiles["opensearch"])
+        model = _worker_model_seconds(self._settings)
+        return used if model is None else used | {"worker_model": model}
 
     def __enter__(self) -> CpuMeter:
         self._start, self._wall = self._read(), time.monotonic()

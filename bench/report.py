@@ -358,6 +358,7 @@ def write_report(r: dict[str, Any], path: Path, plots: Path) -> None:
                 "CPU ms per chunk: raw model "
                 f"{raw['cpu_ms_per_chunk']}; during the ingest "
                 + ", ".join(f"{k} {v}" for k, v in off["cpu_ms_per_chunk"].items())
+                + _worker_split(off["cpu_ms_per_chunk"])
                 + f". The raw model's CPU over the worker's, per chunk: {ingest['cpu_ratio_raw_to_worker']}: "
                 "the share of the worker's CPU that is the model's work, and about the throughput "
                 "ratio a worker host whose cores the services do not share would reach, its waits "
@@ -441,3 +442,11 @@ def write_report(r: dict[str, Any], path: Path, plots: Path) -> None:
         *(sources_table(r["sources"]) if "sources" in r else []),
     ]
     path.write_text("\n".join(lines))
+
+
+def _worker_split(cpu_ms: dict[str, float]) -> str:
+    """The worker's CPU a chunk parted into the model's (from the worker's own metric) and the rest."""
+    if "worker_model" not in cpu_ms:
+        return ""
+    rest = round(cpu_ms["worker"] - cpu_ms["worker_model"], 2)
+    return f". Of the worker's, the model's own {cpu_ms['worker_model']} and the rest of the pipeline {rest}"

@@ -19,7 +19,7 @@ import logging
 import os
 from collections.abc import Iterator
 from contextlib import contextmanager
-from time import perf_counter
+from time import perf_counter, process_time
 
 from prometheus_client import REGISTRY, CollectorRegistry, Counter, Histogram, start_http_server
 from prometheus_client.multiprocess import MultiProcessCollector
@@ -58,6 +58,11 @@ EMBED_BATCH_DOCUMENTS = Histogram(
     buckets=(1, 2, 4, 8, 16, 32),
 )
 EMBED_CHUNKS = Counter("ragline_worker_embed_chunks", "Chunks embedded, by source of the vector.", ["source"])
+EMBED_MODEL_CPU = Counter(
+    "ragline_worker_embed_model_cpu_seconds",
+    "CPU seconds the embedding model's encode calls took (tokenizing and the model's threads); "
+    "the rest of the worker's CPU is the pipeline's own work.",
+)
 BULK_SECONDS = Histogram(
     "ragline_worker_opensearch_bulk_seconds",
     "Latency of one OpenSearch bulk request of the store stage.",
@@ -89,6 +94,17 @@ def embed_batch(documents: int, chunks: int, encoded: int) -> None:
     EMBED_BATCH_CHUNKS.observe(chunks)
     EMBED_CHUNKS.labels("encoded").inc(encoded)
     EMBED_CHUNKS.labels("cache").inc(chunks - encoded)
+
+
+@contextmanager
+def model_cpu() -> Iterator[None]:
+    """Counts the process's CPU time while the block runs: the encoder's intra-op threads are this
+    process's, and the worker's other threads wait on I/O meanwhile."""
+    started = process_time()
+    try:
+        yield
+    finally:
+        EMBED_MODEL_CPU.inc(process_time() - started)
 
 
 @contextmanager

@@ -199,6 +199,7 @@ def test_worker_metrics_after_a_load(observed: Observed, load: dict[str, Any]) -
     assert _value(samples, "ragline_worker_embed_batch_chunks_sum") == chunks
     assert _value(samples, "ragline_worker_embed_batch_documents_sum") == DOCS
     assert 1 <= batches <= DOCS
+    assert _value(samples, "ragline_worker_embed_model_cpu_seconds_total") > 0  # the model's share of the CPU
     bulks = _value(samples, "ragline_worker_opensearch_bulk_seconds_count", outcome="ok")
     print(f"bulk: {bulks:.0f} requests")
     # The documents an embedding batch hands on are stored together: shared bulk requests.

@@ -72,7 +72,8 @@ def _run_model_batch(
     refused: dict[int, RaglineError] = {}
     while missing:
         try:
-            fresh = model.encode([all_texts[i] for i in missing], whole=True)
+            with metrics.model_cpu():
+                fresh = model.encode([all_texts[i] for i in missing], whole=True)
         except TooLong as error:
             # The chunker's budget makes this impossible; refusing beats silently truncating.
             # Only the documents of the refused texts fail; the others are encoded again.
