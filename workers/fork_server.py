@@ -1,4 +1,4 @@
-"""A small process that forks the parse sandboxes, so that each fork is cheap.
+"""Small processes that parse apart from the pool process: a fork server, or a resident one.
 
 A pool process holds the embedding and PII models, so its memory is large. A fork and the child's
 exit cost in proportion to it (copying the page tables, then tearing them down): forking it for
