@@ -73,14 +73,17 @@ MODEL_CPU_SERIES = "ragline_worker_embed_model_cpu_seconds_total"
 
 
 def _worker_model_seconds(settings: Settings) -> float | None:
-    """The worker's embedding-model CPU seconds so far, from the metrics endpoint its log names
-    (None when it serves none)."""
-    log = (settings.state_dir / "logs" / "worker.log").read_text(errors="replace")
-    urls = re.findall(r"worker metrics on (http://[^\s/]+/metrics)", log)
-    if not urls:
+    """The worker's embedding-model CPU seconds so far, from the metrics endpoint its log names;
+    None when it serves none, or only its main process's figures, or cannot be read."""
+    try:
+        log = (settings.state_dir / "logs" / "worker.log").read_text(errors="replace")
+        served = re.findall(r"worker metrics on (http://\S+/metrics) \(all pool processes\)", log)
+        if not served:
+            return None
+        with urllib.request.urlopen(served[-1], timeout=10) as response:  # noqa: S310  (http://, matched above)
+            text = response.read().decode()
+    except (OSError, ValueError):
         return None
-    with urllib.request.urlopen(urls[-1], timeout=10) as response:  # noqa: S310  (http://, matched above)
-        text = response.read().decode()
     return sum(float(line.split()[-1]) for line in text.splitlines() if line.startswith(MODEL_CPU_SERIES))
 
 
@@ -110,5 +113,9 @@ class CpuMeter:
     def summary(self) -> dict[str, float]:
         """CPU seconds per service, and the wall seconds of the phase."""
         # max: a compiler thread that ended during the phase takes its seconds out of the sum.
-        used = {name: round(max(0.0, self._end[name] - self._start[name]), 1) for name in self._start}
+        used = {
+            name: round(max(0.0, self._end[name] - self._start[name]), 1)
+            for name in self._start
+            if name in self._end
+        }
         return used | {"wall_s": round(self._wall, 1)}

@@ -165,11 +165,12 @@ def embedded_text(chunk: dict[str, Any]) -> str:
 
 
 class TooLong(ValueError):
-    """Texts the model would see only in part (by their positions in the call), refused whole."""
+    """Texts the model would see only in part, refused whole: their positions in the call, and
+    each one's tokens (special tokens included)."""
 
-    def __init__(self, positions: list[int], tokens: int, limit: int) -> None:
-        super().__init__(f"a chunk has {tokens} tokens, over the model's {limit}")
-        self.positions = positions
+    def __init__(self, tokens: dict[int, int], limit: int) -> None:
+        super().__init__(f"{len(tokens)} texts over the model's {limit} tokens")
+        self.tokens, self.limit = tokens, limit
 
 
 class Encoder(Protocol):
@@ -252,8 +253,8 @@ class OnnxEncoder:
 
 def _refuse_cut(counter: TokenCounter, texts: list[str], cut: list[int], model: Encoder) -> None:
     if cut:
-        longest = max(counter.count([texts[i] for i in cut])) + SPECIAL_TOKENS
-        raise TooLong(cut, longest, model.max_seq_length)
+        counts = counter.count([texts[i] for i in cut])
+        raise TooLong({i: n + SPECIAL_TOKENS for i, n in zip(cut, counts, strict=True)}, model.max_seq_length)
 
 
 def token_batches(lengths: list[int], max_texts: int, max_tokens: int) -> list[list[int]]:

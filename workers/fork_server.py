@@ -18,18 +18,30 @@ it as before.
 
 from __future__ import annotations
 
+import ctypes
+import gc
 import logging
 import os
 import pickle
+import resource
 import signal
 import socket
 import struct
+import time
 from collections.abc import Callable
 from functools import partial
 from typing import Any
 
 from shared.errors import ErrorCode, RaglineError
-from workers.sandbox import SandboxError, limit_memory, outcome, run_limited, timed_out, virtual_memory_bytes
+from workers.sandbox import (
+    SandboxError,
+    limit_cpu,
+    limit_memory,
+    outcome,
+    run_limited,
+    timed_out,
+    virtual_memory_bytes,
+)
 
 log = logging.getLogger(__name__)
 
@@ -37,8 +49,9 @@ _LENGTH = struct.Struct("!Q")
 # Beyond the sandbox's own timeout: the server kills a late sandbox itself, so a reply later
 # than this means the server is stuck.
 _REPLY_GRACE_S = 30.0
-# Growth of a resident server's resident memory after which it leaves for a fresh one.
+# Growth of a resident server's memory (resident or mapped) after which a fresh one serves.
 RESIDENT_GROWTH_BYTES = 256 << 20
+_PR_SET_PDEATHSIG = 1
 
 
 def _send(sock: socket.socket, value: Any) -> None:
@@ -70,9 +83,12 @@ def _reply(payload: dict[str, Any]) -> tuple[Any, ...]:
 def _serve(sock: socket.socket, prepare: Callable[[], None], resident: bool) -> None:
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
     signal.signal(signal.SIGINT, signal.SIG_DFL)
+    if resident:
+        _die_with_parent()
     prepare()
-    base = virtual_memory_bytes()  # a resident call's memory limit is on top of what it holds now
-    resident_from = _resident_bytes()
+    # What this process holds now stays shared with its parent: the collector never touches it.
+    gc.freeze()
+    started_with = _resident_bytes(), virtual_memory_bytes()
     while True:
         try:
             fn, args, timeout_s, memory_bytes, what = _receive(sock)
@@ -80,12 +96,13 @@ def _serve(sock: socket.socket, prepare: Callable[[], None], resident: bool) -> 
             return  # the pool process is gone
         leaving = False
         if resident:
-            limit_memory(base + memory_bytes, hard=False)
-            payload = outcome(partial(fn, *args))
-            # After a call that ran out of memory or left the heap much larger, a fresh server
-            # serves the next: what a long-lived Python heap keeps stays bounded.
-            out_of_memory = str(payload.get("cause", "")).startswith("MemoryError")
-            leaving = out_of_memory or _resident_bytes() - resident_from > RESIDENT_GROWTH_BYTES
+            if _grown(started_with):
+                # A fresh server takes this call: what a long-lived Python heap keeps stays bounded.
+                _send(sock, (True, ("again",)))
+                return
+            payload = _run_resident(fn, args, timeout_s, memory_bytes)
+            # A call that ran out of memory may have left the heap fragmented or half-freed.
+            leaving = str(payload.get("cause", "")).startswith("MemoryError")
             reply = _reply(payload)
         else:
             try:
@@ -103,6 +120,38 @@ def _serve(sock: socket.socket, prepare: Callable[[], None], resident: bool) -> 
             return  # the pool process left while its parse ran
         if leaving:
             return
+
+
+def _run_resident(
+    fn: Callable[..., Any], args: tuple[Any, ...], timeout_s: float, memory_bytes: int
+) -> dict[str, Any]:
+    """One call under the sandbox's limits, set anew for it: memory on top of what the process
+    maps now, CPU time (a backstop should the caller be gone: the caller's own clock kills the
+    server first) on top of what it has used. The reply is not the call's to pay for."""
+    used = resource.getrusage(resource.RUSAGE_SELF)
+    limit_cpu(int(used.ru_utime + used.ru_stime + timeout_s) + 1)
+    limit_memory(virtual_memory_bytes() + memory_bytes, hard=False)
+    try:
+        return outcome(partial(fn, *args))
+    finally:
+        limit_memory(None, hard=False)
+        limit_cpu(None)
+
+
+def _grown(started_with: tuple[int, int]) -> bool:
+    resident, virtual = started_with
+    return (
+        _resident_bytes() - resident > RESIDENT_GROWTH_BYTES
+        or virtual_memory_bytes() - virtual > RESIDENT_GROWTH_BYTES
+    )
+
+
+def _die_with_parent() -> None:
+    """A resident server outlives no pool process: it could be mid-way through a hostile file."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
+    if os.getppid() == 1:  # the parent left before the request above took effect
+        os._exit(0)
 
 
 def _resident_bytes() -> int:
@@ -139,9 +188,12 @@ class ForkServer:
         self, fn: Callable[..., Any], args: tuple[Any, ...], *, timeout_s: float, memory_bytes: int, what: str
     ) -> Any:
         """`run_limited(fn(*args))` through the server; `fn` and `args` must pickle."""
-        if self._sock is None and self.resident:
-            self._start()  # the last one left, was killed or died
-        if self._sock is not None:
+        started = time.monotonic()
+        for _ in range(2):  # a resident server that has grown hands the call to a fresh one
+            if self._sock is None and self.resident:
+                self._start()  # the last one left, was killed or died
+            if self._sock is None:
+                break
             try:
                 self._sock.settimeout(timeout_s if self.resident else timeout_s + _REPLY_GRACE_S)
                 _send(self._sock, (fn, args, timeout_s, memory_bytes, what))
@@ -153,13 +205,22 @@ class ForkServer:
                 log.warning(
                     "the fork server stopped answering (%s); this parse forks a sandbox directly", error
                 )
-            else:
-                if leaving:
-                    self.close()
-                if reply[0] == "ok":
-                    return reply[1]
-                raise SandboxError(reply[2], code=ErrorCode(reply[1]), cause=reply[3])
-        return run_limited(partial(fn, *args), timeout_s=timeout_s, memory_bytes=memory_bytes, what=what)
+                break
+            except BaseException:
+                self.close()  # a reply still on its way must never be read as the next call's
+                raise
+            if leaving:
+                self.close()
+            if reply[0] == "again":
+                continue
+            if reply[0] == "ok":
+                return reply[1]
+            raise SandboxError(reply[2], code=ErrorCode(reply[1]), cause=reply[3])
+        # A resident server that died under the call leaves it the rest of its time, not more.
+        left = timeout_s - (time.monotonic() - started) if self.resident else timeout_s
+        if left <= 0:
+            raise timed_out(what, timeout_s)
+        return run_limited(partial(fn, *args), timeout_s=left, memory_bytes=memory_bytes, what=what)
 
     def close(self) -> None:
         if self._sock is None:

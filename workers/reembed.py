@@ -123,7 +123,8 @@ def _copy(ctx: WorkerContext, kb: KnowledgeBase, source_index: str, model_encode
     pages = kb_chunk_pages(ctx.client, source_index, kb.tenant_id, kb.kb_id, PAGE)
     with contextlib.closing(pages):
         for hits in pages:
-            vectors = model_encoder.encode([embedded_text(h["_source"]) for h in hits])
+            with metrics.model_cpu():
+                vectors = model_encoder.encode([embedded_text(h["_source"]) for h in hits])
             active = ctx.registry.active_generations(
                 kb.tenant_id, kb.kb_id, {h["_source"]["doc_id"] for h in hits}
             )

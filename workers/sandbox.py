@@ -52,11 +52,23 @@ def virtual_memory_bytes() -> int:
     return 0
 
 
-def limit_memory(limit: int, *, hard: bool) -> None:
-    """Cap this process's address space at `limit` bytes; `hard`: for good (a sandbox about to
-    run one parse), else only the soft limit, which a process that serves parses sets anew."""
-    _, current_hard = resource.getrlimit(resource.RLIMIT_AS)
-    resource.setrlimit(resource.RLIMIT_AS, (limit, limit if hard else current_hard))
+def limit_memory(limit: int | None, *, hard: bool) -> None:
+    """Cap this process's address space at `limit` bytes (None: lift the cap to the hard limit);
+    `hard`: for good (a sandbox about to run one parse), else only the soft limit, which a
+    process that serves parses sets anew for each."""
+    _set_soft(resource.RLIMIT_AS, limit, hard=hard)
+
+
+def limit_cpu(seconds: int | None) -> None:
+    """The soft CPU-time limit of this process (None: lifted to the hard limit); SIGXCPU past it."""
+    _set_soft(resource.RLIMIT_CPU, seconds, hard=False)
+
+
+def _set_soft(kind: int, limit: int | None, *, hard: bool) -> None:
+    _, ceiling = resource.getrlimit(kind)
+    if limit is None or (ceiling != resource.RLIM_INFINITY and limit > ceiling):
+        limit = ceiling
+    resource.setrlimit(kind, (limit, limit if hard else ceiling))
 
 
 def timed_out(what: str, timeout_s: float) -> PermanentError:
@@ -87,7 +99,7 @@ def _child(fn: Callable[[], Any], result_path: str, timeout_s: float, memory_byt
         resource.setrlimit(resource.RLIMIT_CPU, (cpu, cpu + 1))
         payload = outcome(fn)
         with open(result_path, "w", encoding="utf-8") as out:
-            out.write(json.dumps(payload))
+            json.dump(payload, out)  # in pieces: a large result never needs its whole text at once
         code = 0
     finally:
         os._exit(code)

@@ -118,6 +118,6 @@ def test_an_encoder_asked_for_whole_texts_refuses_one_it_would_cut(backend: str)
     assert model.encode([fits, "short"], whole=True).shape == (2, 384)
     with pytest.raises(TooLong) as refused:
         model.encode(["short", over, fits, over], whole=True)
-    assert refused.value.positions == [1, 3]
-    assert f"{model.max_seq_length + 1} tokens" in str(refused.value)
+    assert refused.value.tokens == {1: model.max_seq_length + 1, 3: model.max_seq_length + 1}
+    assert refused.value.limit == model.max_seq_length
     assert model.encode([over]).shape == (1, 384)  # a query is cut, not refused

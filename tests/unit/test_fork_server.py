@@ -4,8 +4,12 @@ a resident server runs calls itself under the same limits, and is replaced when 
 from __future__ import annotations
 
 import os
+import signal
+import subprocess
+import sys
 import time
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -139,3 +143,68 @@ def test_a_call_whose_resident_server_dies_is_decided_in_a_sandbox_of_its_own(re
     assert result["label"] == "survived"
     assert result["ppid"] == os.getpid()  # a sandbox forked by the caller for this call
     assert resident.run(parent_and_self, ("next",), **LIMITS)["pid"] == resident.pid != server
+
+
+class _Interrupted(BaseException):
+    """What Celery's soft time limit is to a call: raised in the caller while it waits."""
+
+
+def _interrupt(*_: object) -> None:
+    raise _Interrupted
+
+
+def test_a_caller_interrupted_mid_call_never_reads_that_reply_as_the_next_calls(resident: ForkServer) -> None:
+    previous = signal.signal(signal.SIGALRM, _interrupt)
+    try:
+        signal.setitimer(signal.ITIMER_REAL, 0.3)
+        with pytest.raises(_Interrupted):
+            resident.run(slow_label, ("first", 1.0), **LIMITS)
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
+    time.sleep(1.2)  # the first call's reply would be waiting by now
+    assert resident.run(parent_and_self, ("second",), **LIMITS)["label"] == "second"
+
+
+def slow_label(label: str, seconds: float) -> dict[str, object]:
+    time.sleep(seconds)
+    return parent_and_self(label)
+
+
+def test_a_resident_server_dies_with_its_caller_even_mid_call() -> None:
+    script = (
+        "import sys, time\n"
+        "sys.path.insert(0, sys.argv[1])\n"
+        "from workers.fork_server import ForkServer\n"
+        "from tests.unit.test_fork_server import LIMITS, _nothing, spin\n"
+        "server = ForkServer(_nothing, resident=True)\n"
+        "print(server.pid, flush=True)\n"
+        "server.run(spin, (), **LIMITS)\n"
+    )
+    caller = subprocess.Popen(
+        [sys.executable, "-c", script, str(Path(__file__).resolve().parents[2])],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    assert caller.stdout is not None
+    server = int(caller.stdout.readline())
+    time.sleep(0.5)  # the server is spinning in the call now
+    caller.kill()
+    caller.wait()
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline and _alive(server):
+        time.sleep(0.05)
+    assert not _alive(server)  # not left running the file under init
+
+
+def spin() -> None:
+    while True:
+        pass
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat", encoding="ascii") as stat:
+            return stat.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False

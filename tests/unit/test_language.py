@@ -50,3 +50,19 @@ def test_codes_are_current_iso_639_1_codes() -> None:
 def test_bytes_the_detector_cannot_take_do_not_stop_it() -> None:
     broken = (GERMAN * 3).replace("Hafen", "Ha\ud800fen").replace("Fähre", "F\x85ähre\x00")
     assert detect_language(broken, "xx") == "de"
+
+
+def test_code_in_the_text_hides_nothing_from_the_detector() -> None:
+    text = "if x < 3: " + GERMAN * 2 + " y > 2"
+    assert detect_language(text, "xx") == "de"  # read as HTML, all between < and > was skipped
+
+
+def test_noncharacters_do_not_send_a_text_to_the_default() -> None:
+    assert detect_language(GERMAN * 2 + "\ufdd0\uffff\U0010fffe", "xx") == "de"
+
+
+def test_only_two_letter_language_codes_come_out() -> None:
+    pig_latin = "Ellohay orldway isthay isay away entencesay initay igpay atinlay orfay ethay estay. " * 4
+    code = detect_language(pig_latin, "fr")
+    assert len(code) == 2
+    assert code not in ("un", "xx")

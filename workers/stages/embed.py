@@ -77,8 +77,15 @@ def _run_model_batch(
         except TooLong as error:
             # The chunker's budget makes this impossible; refusing beats silently truncating.
             # Only the documents of the refused texts fail; the others are encoded again.
-            for position in {owner[missing[i]] for i in error.positions}:
-                refused[position] = PermanentError(str(error), code=ErrorCode.INTERNAL)
+            if not error.tokens:
+                raise
+            longest: dict[int, int] = {}
+            for i, tokens in error.tokens.items():
+                longest[owner[missing[i]]] = max(tokens, longest.get(owner[missing[i]], 0))
+            for position, tokens in longest.items():
+                refused[position] = PermanentError(
+                    f"a chunk has {tokens} tokens, over the model's {error.limit}", code=ErrorCode.INTERNAL
+                )
             missing = [i for i in missing if owner[i] not in refused]
             continue
         pipe = ctx.redis.pipeline(transaction=False)
@@ -105,5 +112,6 @@ def _run_model_batch(
             "batch_documents": len(items),
         }
         results.append(StageResult(artifact=cleaned, updates={"stats": {**doc.stats, "embed": stats}}))
-    metrics.embed_batch(len(items), len(all_texts), len(missing))
+    kept = [texts for position, texts in enumerate(texts_of) if position not in refused]
+    metrics.embed_batch(len(kept), sum(len(texts) for texts in kept), len(missing))
     return results

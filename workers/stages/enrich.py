@@ -25,7 +25,12 @@ _WORD = re.compile(r"[A-Za-z][A-Za-z0-9_+-]{2,}")
 _LETTER = re.compile(r"[^\W\d_]")  # a letter of any script
 _LANGUAGE_WINDOW = 700
 _LANGUAGE_MIN_LETTERS = 20  # below this a guess is noise: the knowledge base's language stands
-_CONTROL = re.compile(r"[\x00-\x08\x0b\x0c\x0e-\x1f\x7f-\x9f]")
+_UNREADABLE = re.compile(
+    "[\x00-\x08\x0b\x0c\x0e-\x1f\x7f-\x9f\ufdd0-\ufdef"
+    + "".join(f"{chr(plane << 16 | 0xFFFE)}{chr(plane << 16 | 0xFFFF)}" for plane in range(17))
+    + "]"
+)
+_ISO_639_1 = re.compile(r"[a-z]{2}")
 _CURRENT_CODES = {"iw": "he", "jw": "jv", "in": "id", "ji": "yi"}  # ISO 639-1 renamed these
 _STOPWORDS = frozenset(
     [
@@ -176,22 +181,24 @@ def detect_language(text: str, default: str) -> str:
 
     CLD2 (Chrome's detector) decides, deterministic and about a hundred times faster than
     langdetect, which cost more CPU a document than parsing it; codes it still spells the old way
-    are given their current ones, and a script without a language ("xx-Arab") is no answer.
+    are given their current ones.
     """
     sample = language_sample(text)
     # Letters of any script: a gate on ASCII words sent every Russian or Chinese text to the default.
     if len(_LETTER.findall(sample)) < _LANGUAGE_MIN_LETTERS:
         return default
-    # CLD2 takes UTF-8 only, and stops at a control character of the C1 range.
-    clean = _CONTROL.sub(" ", sample).encode("utf-8", "replace")
+    # CLD2 takes UTF-8 only, and stops at a control character of the C1 range or a noncharacter;
+    # as plain text, since read as HTML a "<" in code or a formula hides everything up to a ">".
+    clean = _UNREADABLE.sub(" ", sample).encode("utf-8", "replace")
     try:
-        _, _, ranked = pycld2.detect(clean)
+        _, _, ranked = pycld2.detect(clean, isPlainText=True)
     except pycld2.error:
         return default
     code = str(ranked[0][1]).split("-")[0]
-    if code in ("un", "xx", "xxx"):
-        return default
-    return _CURRENT_CODES.get(code, code)
+    code = _CURRENT_CODES.get(code, code)
+    # Only a language's two-letter code: CLD2 also names languages without one, jokes ("zzp",
+    # "tlh"), an unknown language ("un") and scripts alone ("xx-Arab").
+    return code if _ISO_639_1.fullmatch(code) and code not in ("un", "xx") else default
 
 
 def _terms(text: str) -> list[str]:

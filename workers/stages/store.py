@@ -228,9 +228,9 @@ def _for_target(ctx: WorkerContext, target: Placement, stored: _Stored) -> Sourc
     model = stored.embedded.get("embedding_model", ctx.settings.embedding.model)
     if target.model == model:
         return stored.sources
-    vectors = encoder(for_model(ctx.settings.embedding, target.model)).encode(
-        [embedded_text(c) for c in stored.embedded["chunks"]]
-    )
+    other = encoder(for_model(ctx.settings.embedding, target.model))
+    with metrics.model_cpu():
+        vectors = other.encode([embedded_text(c) for c in stored.embedded["chunks"]])
     return with_document_fields(
         [
             (i, {**s, "embedding": indexed_vector(v)})
