@@ -28,6 +28,7 @@ from workers.context import WorkerContext
 from workers.handover import hand_over, resend
 from workers.lease import WORKER_ID, stage_lease
 from workers.pipeline import STAGES
+from workers.reconciler import DEAD_AFTER_INTERVALS, EPOCH_KEY
 from workers.runner import Retry, run_chained, run_stage
 from workers.stages import parse
 from workers.stages.base import StageResult
@@ -154,9 +155,24 @@ class ReplyLostRegistry(Registry):
         raise OpenSearchConnectionError("N/A", "the node stopped before it answered", None)
 
 
+def settled(client: redis.Redis, settings: Settings, timeout_s: float = 90) -> None:
+    """Wait until the reconciler has no reason to send every active document again: the broker's
+    epoch is back after a flush, and no worker left its beat behind (the tests above make both).
+    A claim this test holds by hand would otherwise be taken from it at the next round."""
+    dead_after = DEAD_AFTER_INTERVALS * settings.celery.reconcile_interval_s
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        beats = [float(v) for v in client.hgetall(liveness.WORKERS_KEY).values()]
+        if client.exists(EPOCH_KEY) and all(time.time() - beat < dead_after for beat in beats):
+            return
+        time.sleep(0.5)
+    pytest.fail("the reconciler did not settle")
+
+
 def test_a_hand_over_whose_reply_was_lost_still_sends_the_next_stage(
     registry: Registry, settings: Settings, opensearch: OpenSearch, worker_ctx: WorkerContext
 ) -> None:
+    settled(worker_ctx.redis, settings)
     kb = new_kb(registry, pii_policy="off")
     # The parse stage of "reply-lost.txt" has claimed the document and done its work here...
     orphan(
@@ -198,6 +214,7 @@ def test_a_chained_hand_over_is_written_only_when_the_claims_lease_runs_short(
     """Not writing a chained hand-over saves a registry write a stage, and the next write records
     it. Only a write renews the lease the reconciler watches, so with less than half a stage lease
     left the hand-over is written, as the next stage's claim."""
+    settled(worker_ctx.redis, settings)
     kb = new_kb(registry, pii_policy="off")
     name = f"hand-over-{lease_s}.txt"
     held_until = utcnow() + timedelta(seconds=lease_s)
