@@ -8,12 +8,13 @@ the sandboxes it forks run `workers.sandbox.run_limited` with the same limits as
 the server die, parsing goes on through direct forks from the pool process, slower but the same.
 
 A resident server (`resident=True`) runs each call itself instead, under the same memory limit
-and wall-clock limit: even a small server's fork and exit cost several times what Ragline's own
-parsers take for a text document. It is for code without native parts of its own, whose failures
-are Python exceptions: the caller kills it when a call outlives its limit, it leaves after a call
-that ran out of memory or grew by `RESIDENT_GROWTH_BYTES`, and the caller starts another for the
-next call. A call whose server died under it runs again in a sandbox of its own, which decides
-it as before.
+and wall-clock limit (and a CPU-time limit as a backstop): even a small server's fork and exit
+cost several times what Ragline's own parsers take for a text document. It is for code without
+native parts of its own, whose failures are Python exceptions: the caller kills it when a call
+outlives its limit, it dies with the caller, it leaves after a call that ran out of memory, and
+once it has grown by `RESIDENT_GROWTH_BYTES` it hands the next call to a fresh one, which the
+caller starts. A call whose server died under it runs again in a sandbox of its own, with the
+time it has left, which decides it as before.
 """
 
 from __future__ import annotations
@@ -147,7 +148,8 @@ def _grown(started_with: tuple[int, int]) -> bool:
 
 
 def _die_with_parent() -> None:
-    """A resident server outlives no pool process: it could be mid-way through a hostile file."""
+    """A resident server outlives no pool process: it could be mid-way through a hostile file.
+    (The signal follows the forking thread: a pool process forks from its main thread.)"""
     libc = ctypes.CDLL(None, use_errno=True)
     libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
     if os.getppid() == 1:  # the parent left before the request above took effect
