@@ -20,6 +20,7 @@ from pathlib import Path
 import psutil
 
 from shared.config import Settings
+from workers.metrics import MODEL_CPU_METRIC
 
 
 def _pidfiles(settings: Settings) -> dict[str, list[Path]]:
@@ -69,7 +70,7 @@ def _jit_seconds(pidfile: Path) -> float:
     return total
 
 
-MODEL_CPU_SERIES = "ragline_worker_embed_model_cpu_seconds_total"
+MODEL_CPU_SERIES = f"{MODEL_CPU_METRIC}_total"
 
 
 def _worker_model_seconds(settings: Settings) -> float | None:

@@ -58,8 +58,9 @@ EMBED_BATCH_DOCUMENTS = Histogram(
     buckets=(1, 2, 4, 8, 16, 32),
 )
 EMBED_CHUNKS = Counter("ragline_worker_embed_chunks", "Chunks embedded, by source of the vector.", ["source"])
+MODEL_CPU_METRIC = "ragline_worker_embed_model_cpu_seconds"  # exposed with "_total", as counters are
 EMBED_MODEL_CPU = Counter(
-    "ragline_worker_embed_model_cpu_seconds",
+    MODEL_CPU_METRIC,
     "CPU seconds the embedding model's encode calls took (tokenizing and the model's threads); "
     "the rest of the worker's CPU is the pipeline's own work.",
 )
