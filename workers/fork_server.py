@@ -15,12 +15,18 @@ outlives its limit, it dies with the caller, it leaves after a call that ran out
 once it has grown by `RESIDENT_GROWTH_BYTES` it hands the next call to a fresh one, which the
 caller starts. A call whose server died under it runs again in a sandbox of its own, with the
 time it has left, which decides it as before.
+
+Neither kind of server, nor any sandbox, holds the pool process's descriptors (its broker and
+database connections, its end of the other server's socket), and each dies with its parent.
+Replies are JSON and carry the number of the call they answer: the pool process never unpickles
+what a parsing process sent, and a reply out of turn retires the server.
 """
 
 from __future__ import annotations
 
-import ctypes
 import gc
+import itertools
+import json
 import logging
 import os
 import pickle
@@ -36,9 +42,12 @@ from typing import Any
 from shared.errors import ErrorCode, RaglineError
 from workers.sandbox import (
     SandboxError,
+    die_with_parent,
     limit_cpu,
     limit_memory,
+    limits_kept,
     outcome,
+    release_inherited,
     run_limited,
     timed_out,
     virtual_memory_bytes,
@@ -52,15 +61,17 @@ _LENGTH = struct.Struct("!Q")
 _REPLY_GRACE_S = 30.0
 # Growth of a resident server's memory (resident or mapped) after which a fresh one serves.
 RESIDENT_GROWTH_BYTES = 256 << 20
-_PR_SET_PDEATHSIG = 1
 
 
-def _send(sock: socket.socket, value: Any) -> None:
-    data = pickle.dumps(value)
-    sock.sendall(_LENGTH.pack(len(data)) + data)
+class OutOfTurn(ValueError):
+    """A reply that is not the answer to the call just sent."""
 
 
-def _receive(sock: socket.socket) -> Any:
+def _frame(data: bytes) -> bytes:
+    return _LENGTH.pack(len(data)) + data
+
+
+def _read_frame(sock: socket.socket) -> bytes:
     def exactly(count: int) -> bytes:
         parts, missing = [], count
         while missing:
@@ -72,34 +83,59 @@ def _receive(sock: socket.socket) -> Any:
         return b"".join(parts)
 
     (length,) = _LENGTH.unpack(exactly(_LENGTH.size))
-    return pickle.loads(exactly(length))  # noqa: S301  (our own process on a private socketpair)
+    return exactly(length)
 
 
-def _reply(payload: dict[str, Any]) -> tuple[Any, ...]:
+# Calls go to the server pickled (the function and its arguments); replies come back as JSON,
+# which carries data only: the pool process never unpickles what a parsing process sent.
+
+
+def _send_call(sock: socket.socket, call: tuple[Any, ...]) -> None:
+    sock.sendall(_frame(pickle.dumps(call)))
+
+
+def _receive_call(sock: socket.socket) -> tuple[Any, ...]:
+    call: tuple[Any, ...] = pickle.loads(_read_frame(sock))  # noqa: S301  (from the pool process)
+    return call
+
+
+def _send_reply(sock: socket.socket, call: int, leaving: bool, reply: list[Any]) -> None:
+    sock.sendall(_frame(json.dumps({"call": call, "leaving": leaving, "reply": reply}).encode()))
+
+
+def _receive_reply(sock: socket.socket, call: int) -> tuple[bool, list[Any]]:
+    answer = json.loads(_read_frame(sock))
+    if not isinstance(answer, dict) or answer.get("call") != call:
+        raise OutOfTurn(f"a reply to call {answer.get('call') if isinstance(answer, dict) else '?'}")
+    return bool(answer["leaving"]), list(answer["reply"])
+
+
+def _reply(payload: dict[str, Any]) -> list[Any]:
     if "ok" in payload:
-        return ("ok", payload["ok"])
-    return ("error", payload["error"], payload["message"], payload.get("cause"))
+        return ["ok", payload["ok"]]
+    return ["error", payload["error"], payload["message"], payload.get("cause")]
 
 
-def _serve(sock: socket.socket, prepare: Callable[[], None], resident: bool) -> None:
+def _serve(sock: socket.socket, prepare: Callable[[], None], resident: bool, parent: int) -> None:
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
     signal.signal(signal.SIGINT, signal.SIG_DFL)
-    if resident:
-        _die_with_parent()
+    die_with_parent(parent)
+    # The pool process's connections, and its end of a server forked before this one: not ours.
+    release_inherited(keep=[sock.fileno()])
     prepare()
     # What this process holds now stays shared with its parent: the collector never touches it.
     gc.freeze()
     started_with = _resident_bytes(), virtual_memory_bytes()
     while True:
         try:
-            fn, args, timeout_s, memory_bytes, what = _receive(sock)
+            call, fn, args, timeout_s, memory_bytes, what = _receive_call(sock)
         except (EOFError, OSError):
             return  # the pool process is gone
         leaving = False
         if resident:
             if _grown(started_with):
                 # A fresh server takes this call: what a long-lived Python heap keeps stays bounded.
-                _send(sock, (True, ("again",)))
+                _send_reply(sock, call, True, ["again"])
                 return
             payload = _run_resident(fn, args, timeout_s, memory_bytes)
             # A call that ran out of memory may have left the heap fragmented or half-freed.
@@ -107,20 +143,25 @@ def _serve(sock: socket.socket, prepare: Callable[[], None], resident: bool) -> 
             reply = _reply(payload)
         else:
             try:
-                reply = (
+                reply = [
                     "ok",
                     run_limited(
                         partial(fn, *args), timeout_s=timeout_s, memory_bytes=memory_bytes, what=what
                     ),
-                )
+                ]
             except RaglineError as error:
-                reply = ("error", error.code.value, error.message, getattr(error, "cause", None))
+                reply = ["error", error.code.value, error.message, getattr(error, "cause", None)]
         try:
-            _send(sock, (leaving, reply))
+            _send_reply(sock, call, leaving, reply)
         except OSError:
             return  # the pool process left while its parse ran
         if leaving:
             return
+        if resident:
+            del reply, payload
+            # A parser's reference cycles would otherwise keep a document's text until the next
+            # full collection, which a frozen heap rarely triggers; the caller is busy meanwhile.
+            gc.collect()
 
 
 def _run_resident(
@@ -130,13 +171,10 @@ def _run_resident(
     maps now, CPU time (a backstop should the caller be gone: the caller's own clock kills the
     server first) on top of what it has used. The reply is not the call's to pay for."""
     used = resource.getrusage(resource.RUSAGE_SELF)
-    limit_cpu(int(used.ru_utime + used.ru_stime + timeout_s) + 1)
-    limit_memory(virtual_memory_bytes() + memory_bytes, hard=False)
-    try:
+    with limits_kept():
+        limit_cpu(int(used.ru_utime + used.ru_stime + timeout_s) + 1)
+        limit_memory(virtual_memory_bytes() + memory_bytes, hard=False)
         return outcome(partial(fn, *args))
-    finally:
-        limit_memory(None, hard=False)
-        limit_cpu(None)
 
 
 def _grown(started_with: tuple[int, int]) -> bool:
@@ -145,15 +183,6 @@ def _grown(started_with: tuple[int, int]) -> bool:
         _resident_bytes() - resident > RESIDENT_GROWTH_BYTES
         or virtual_memory_bytes() - virtual > RESIDENT_GROWTH_BYTES
     )
-
-
-def _die_with_parent() -> None:
-    """A resident server outlives no pool process: it could be mid-way through a hostile file.
-    (The signal follows the forking thread: a pool process forks from its main thread.)"""
-    libc = ctypes.CDLL(None, use_errno=True)
-    libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
-    if os.getppid() == 1:  # the parent left before the request above took effect
-        os._exit(0)
 
 
 def _resident_bytes() -> int:
@@ -168,16 +197,18 @@ class ForkServer:
         self._prepare, self.resident = prepare, resident
         self._sock: socket.socket | None = None
         self.pid = 0
+        self._calls = itertools.count()
         self._start()
 
     def _start(self) -> None:
         ours, theirs = socket.socketpair()
+        parent = os.getpid()
         pid = os.fork()
         if pid == 0:
             code = 0
             try:
                 ours.close()
-                _serve(theirs, self._prepare, self.resident)
+                _serve(theirs, self._prepare, self.resident, parent)
             except BaseException:
                 log.exception("the fork server failed")
                 code = 1
@@ -196,11 +227,12 @@ class ForkServer:
                 self._start()  # the last one left, was killed or died
             if self._sock is None:
                 break
+            call = next(self._calls)
             try:
                 self._sock.settimeout(timeout_s if self.resident else timeout_s + _REPLY_GRACE_S)
-                _send(self._sock, (fn, args, timeout_s, memory_bytes, what))
-                leaving, reply = _receive(self._sock)
-            except (EOFError, OSError, pickle.PickleError) as error:
+                _send_call(self._sock, (call, fn, args, timeout_s, memory_bytes, what))
+                leaving, reply = _receive_reply(self._sock, call)
+            except (EOFError, OSError, ValueError) as error:  # ValueError: not JSON, or OutOfTurn
                 self.close()
                 if self.resident and isinstance(error, TimeoutError):
                     raise timed_out(what, timeout_s) from None  # killed: the next call starts another

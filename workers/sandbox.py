@@ -1,11 +1,16 @@
 """Run a function in a forked child with CPU-time, memory and wall-clock limits.
 
 A hostile file (decompression bomb, billion laughs, pathological PDF) can then only kill the
-child: the worker process survives and fails that one document with a clear code.
+child: the worker process survives and fails that one document with a clear code. The child holds
+none of its parent's descriptors (a parser exploited through a native library could otherwise
+write to the worker's broker and database connections, or answer for another parse), dies with
+its parent, and writes its result to a file without a name, which nothing can find or leave behind.
 """
 
 from __future__ import annotations
 
+import contextlib
+import ctypes
 import json
 import os
 import resource
@@ -13,11 +18,12 @@ import select
 import signal
 import tempfile
 import traceback
-from collections.abc import Callable
-from typing import Any
+from collections.abc import Callable, Iterable, Iterator
+from typing import Any, TextIO
 
 from shared.errors import ErrorCode, PermanentError, RaglineError
 
+_PR_SET_PDEATHSIG = 1
 # The most characters of an exception's message an operator's log gets (a parser's message can
 # quote a few bytes of the file; never more than this).
 CAUSE_CHARS = 200
@@ -52,23 +58,65 @@ def virtual_memory_bytes() -> int:
     return 0
 
 
-def limit_memory(limit: int | None, *, hard: bool) -> None:
-    """Cap this process's address space at `limit` bytes (None: lift the cap to the hard limit);
-    `hard`: for good (a sandbox about to run one parse), else only the soft limit, which a
-    process that serves parses sets anew for each."""
+def limit_memory(limit: int, *, hard: bool) -> None:
+    """Cap this process's address space at `limit` bytes; `hard`: for good (a sandbox about to run
+    one parse), else only the soft limit, which a process that serves parses sets for each (see
+    `limits_kept`)."""
     _set_soft(resource.RLIMIT_AS, limit, hard=hard)
 
 
-def limit_cpu(seconds: int | None) -> None:
-    """The soft CPU-time limit of this process (None: lifted to the hard limit); SIGXCPU past it."""
+def limit_cpu(seconds: int) -> None:
+    """The soft CPU-time limit of this process; SIGXCPU past it."""
     _set_soft(resource.RLIMIT_CPU, seconds, hard=False)
 
 
-def _set_soft(kind: int, limit: int | None, *, hard: bool) -> None:
+def _set_soft(kind: int, limit: int, *, hard: bool) -> None:
     _, ceiling = resource.getrlimit(kind)
-    if limit is None or (ceiling != resource.RLIM_INFINITY and limit > ceiling):
+    if ceiling != resource.RLIM_INFINITY and limit > ceiling:
         limit = ceiling
     resource.setrlimit(kind, (limit, limit if hard else ceiling))
+
+
+@contextlib.contextmanager
+def limits_kept() -> Iterator[None]:
+    """Limits set inside are undone on leaving: the memory and CPU limits the process had before
+    (an operator's own soft limits among them) are its limits again."""
+    kinds = (resource.RLIMIT_AS, resource.RLIMIT_CPU)
+    before = [resource.getrlimit(kind) for kind in kinds]
+    try:
+        yield
+    finally:
+        for kind, value in zip(kinds, before, strict=True):
+            resource.setrlimit(kind, value)
+
+
+def release_inherited(keep: Iterable[int] = ()) -> None:
+    """Point every descriptor this forked process inherited, but stdin, stdout, stderr and `keep`,
+    at /dev/null.
+
+    A fork copies all of the parent's descriptors: a pool process's connections to Redis,
+    OpenSearch and the broker, and its end of each parse server's socket. dup2 over each number
+    rather than close it: an object of the inherited heap that owns a number closes it when it is
+    freed, and a number closed now could by then belong to a file this process opened since.
+    """
+    kept = {0, 1, 2, *keep}
+    null = os.open(os.devnull, os.O_RDWR | os.O_CLOEXEC)
+    for name in os.listdir("/proc/self/fd"):
+        fd = int(name)
+        if fd not in kept and fd != null:
+            with contextlib.suppress(OSError):  # the listing's own descriptor, closed by now
+                os.dup2(null, fd, inheritable=False)
+    os.close(null)
+
+
+def die_with_parent(parent: int) -> None:
+    """Have the kernel kill this forked process when `parent` ends: a parse outlives neither its
+    server nor its pool process, whatever file it is in the middle of. (The signal follows the
+    thread that forked: pool processes and servers fork from their main thread.)"""
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
+    if os.getppid() != parent:  # the parent left before the request above took effect
+        os._exit(0)
 
 
 def timed_out(what: str, timeout_s: float) -> PermanentError:
@@ -77,28 +125,29 @@ def timed_out(what: str, timeout_s: float) -> PermanentError:
 
 def run_limited(fn: Callable[[], Any], *, timeout_s: float, memory_bytes: int, what: str) -> Any:
     """Return `fn()`'s JSON-serialisable result, computed in a child process under limits."""
-    fd, result_path = tempfile.mkstemp(prefix="ragline-sandbox-", suffix=".json")
-    os.close(fd)
-    try:
+    parent = os.getpid()
+    # Unnamed (O_TMPFILE where the file system has it, else unlinked at once): the child writes
+    # through its copy of the descriptor, the parent reads from the start once it has exited.
+    with tempfile.TemporaryFile("w+", encoding="utf-8", prefix="ragline-sandbox-") as result:
         pid = os.fork()
         if pid == 0:  # child
-            _child(fn, result_path, timeout_s, memory_bytes)
-        return _wait(pid, result_path, timeout_s, what)
-    finally:
-        os.unlink(result_path)
+            _child(fn, result.fileno(), timeout_s, memory_bytes, parent)
+        return _wait(pid, result, timeout_s, what)
 
 
-def _child(fn: Callable[[], Any], result_path: str, timeout_s: float, memory_bytes: int) -> None:
+def _child(fn: Callable[[], Any], result_fd: int, timeout_s: float, memory_bytes: int, parent: int) -> None:
     code = 1
     try:
         signal.signal(signal.SIGTERM, signal.SIG_DFL)
         signal.signal(signal.SIGINT, signal.SIG_DFL)
+        die_with_parent(parent)
+        release_inherited(keep=[result_fd])
         # The child already maps what the worker imported: the memory limit is on top of that.
         limit_memory(virtual_memory_bytes() + memory_bytes, hard=True)
         cpu = int(timeout_s) + 1
         resource.setrlimit(resource.RLIMIT_CPU, (cpu, cpu + 1))
         payload = outcome(fn)
-        with open(result_path, "w", encoding="utf-8") as out:
+        with os.fdopen(result_fd, "w", encoding="utf-8", closefd=False) as out:
             json.dump(payload, out)  # in pieces: a large result never needs its whole text at once
         code = 0
     finally:
@@ -133,7 +182,7 @@ def outcome(fn: Callable[[], Any]) -> dict[str, Any]:
     return payload
 
 
-def _wait(pid: int, result_path: str, timeout_s: float, what: str) -> Any:
+def _wait(pid: int, result: TextIO, timeout_s: float, what: str) -> Any:
     # A pidfd becomes readable the moment the child exits: no polling interval is added to
     # every parse, where a poll would be a large share of a small document's parse stage.
     pidfd = os.pidfd_open(pid)
@@ -151,8 +200,8 @@ def _wait(pid: int, result_path: str, timeout_s: float, what: str) -> Any:
         reason = "CPU time limit" if sig == signal.SIGXCPU else f"signal {sig}"
         raise PermanentError(f"{what} was stopped ({reason})", code=ErrorCode.PARSE_ERROR)
     try:
-        with open(result_path, encoding="utf-8") as handle:
-            payload = json.load(handle)
+        result.seek(0)
+        payload = json.load(result)
     except (OSError, ValueError):
         raise PermanentError(f"{what} ended without a result", code=ErrorCode.PARSE_ERROR) from None
     if "error" in payload:

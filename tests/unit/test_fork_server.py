@@ -3,10 +3,15 @@ a resident server runs calls itself under the same limits, and is replaced when 
 
 from __future__ import annotations
 
+import contextlib
 import os
+import pickle
+import resource
 import signal
+import socket
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -15,7 +20,8 @@ from typing import Any
 import pytest
 
 from shared.errors import ErrorCode, PermanentError
-from workers.fork_server import ForkServer
+from workers.fork_server import ForkServer, _frame, _receive_reply, _run_resident, _send_reply
+from workers.sandbox import run_limited
 
 LIMITS: dict[str, Any] = {"timeout_s": 10.0, "memory_bytes": 1 << 30, "what": "parsing"}
 
@@ -208,3 +214,123 @@ def _alive(pid: int) -> bool:
             return stat.read().rsplit(")", 1)[1].split()[0] != "Z"
     except FileNotFoundError:
         return False
+
+
+def descriptors() -> dict[int, str]:
+    """What each descriptor beyond stdin, stdout and stderr of the process it runs in points to."""
+    found = {}
+    for name in os.listdir("/proc/self/fd"):
+        with contextlib.suppress(OSError):  # the listing's own descriptor
+            found[int(name)] = os.readlink(f"/proc/self/fd/{name}")
+    return {fd: target for fd, target in found.items() if fd > 2}
+
+
+def _inode(sock: socket.socket) -> str:
+    return f"socket:[{os.fstat(sock.fileno()).st_ino}]"
+
+
+def test_no_parse_process_holds_the_callers_connections_or_files(tmp_path: Path) -> None:
+    """A parser a hostile file took over could otherwise write to the pool process's broker and
+    database connections, or forge another parse's reply on a server's socket."""
+    secret = (tmp_path / "secret").open("w")
+    ours, theirs = socket.socketpair()
+    lean = ForkServer(_nothing, resident=True)
+    full = ForkServer(_nothing)  # forked after the lean one: it was born holding the lean socket
+    try:
+        callers = {_inode(ours), _inode(theirs), *(_inode(s._sock) for s in (lean, full) if s._sock)}
+        in_sandbox = full.run(descriptors, (), **LIMITS)
+        in_resident = lean.run(descriptors, (), **LIMITS)
+        in_direct = run_limited(descriptors, **LIMITS)
+        for held in (in_sandbox, in_resident, in_direct):
+            assert str(tmp_path / "secret") not in held.values()
+            assert not callers & set(held.values())
+        # A sandbox holds no socket at all, nor a pipe; the resident server only its own socket.
+        for held in (in_sandbox, in_direct):
+            assert not [t for t in held.values() if t.startswith(("socket:", "pipe:"))]
+        assert len([t for t in in_resident.values() if t.startswith("socket:")]) == 1
+    finally:
+        lean.close()
+        full.close()
+        ours.close()
+        theirs.close()
+        secret.close()
+
+
+_RAN: list[str] = []
+
+
+class _Exploit:
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (_RAN.append, ("unpickled",))
+
+
+def test_a_reply_is_read_as_data_and_never_unpickled() -> None:
+    ours, theirs = socket.socketpair()
+    with ours, theirs:
+        theirs.sendall(_frame(pickle.dumps({"call": 0, "leaving": False, "reply": ["ok", _Exploit()]})))
+        with pytest.raises(UnicodeDecodeError):  # a pickle is not even text
+            _receive_reply(ours, 0)
+    assert _RAN == []
+
+
+def answer_out_of_turn() -> str:
+    """Writes a reply to another call on every socket it holds; in a resident server, its own."""
+    for target in descriptors().values():
+        if target.startswith("socket:"):
+            for fd, name in descriptors().items():
+                if name == target:
+                    with socket.socket(fileno=os.dup(fd)) as sock:
+                        _send_reply(sock, 10**6, False, ["ok", "forged"])
+    return "genuine"
+
+
+def test_a_reply_out_of_turn_retires_the_server_and_its_call_runs_in_a_sandbox(resident: ForkServer) -> None:
+    server = resident.pid
+    assert resident.run(answer_out_of_turn, (), **LIMITS) == "genuine"
+    assert resident.run(parent_and_self, ("next",), **LIMITS)["pid"] == resident.pid != server
+
+
+def record_pid_then_sleep(folder: str, seconds: float) -> None:
+    (Path(folder) / "sandbox.pid").write_text(str(os.getpid()))
+    time.sleep(seconds)
+
+
+def test_a_sandbox_dies_with_its_server_and_leaves_no_file(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An interrupted caller kills the full server; its sandbox, mid-way through a document, goes
+    with it, and the file its result was to be written to has no name to be found under."""
+    results = tmp_path / "tmp"
+    results.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(results))
+    full = ForkServer(_nothing)
+    previous = signal.signal(signal.SIGALRM, _interrupt)
+    try:
+        signal.setitimer(signal.ITIMER_REAL, 1.0)
+        with pytest.raises(_Interrupted):
+            full.run(record_pid_then_sleep, (str(tmp_path), 60), **LIMITS)
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
+        full.close()
+    sandbox = int((tmp_path / "sandbox.pid").read_text())
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline and _alive(sandbox):
+        time.sleep(0.05)
+    assert not _alive(sandbox)
+    assert list(results.iterdir()) == []
+
+
+def test_a_resident_call_gives_back_the_limits_the_process_had() -> None:
+    """An operator's own soft limits hold again after each call, not the hard limits."""
+    kinds = (resource.RLIMIT_AS, resource.RLIMIT_CPU)
+    before = [resource.getrlimit(kind) for kind in kinds]
+    own = [(64 << 40 if hard == resource.RLIM_INFINITY else hard, hard) for _, hard in before]
+    try:
+        for kind, value in zip(kinds, own, strict=True):
+            resource.setrlimit(kind, value)
+        assert _run_resident(len, ("abc",), 10.0, 1 << 30) == {"ok": 3}
+        assert [resource.getrlimit(kind) for kind in kinds] == own
+    finally:
+        for kind, value in zip(kinds, before, strict=True):
+            resource.setrlimit(kind, value)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 from collections.abc import Iterator
 from pathlib import Path
 from types import SimpleNamespace
@@ -92,3 +93,25 @@ def test_a_refused_file_is_refused_by_the_lean_sandbox(servers: Servers, tmp_pat
         _parsed(path)
     assert refused.value.code == ErrorCode.UNSUPPORTED_MEDIA_TYPE
     assert (lean.calls, full.calls) == (1, 0)
+
+
+def test_json_reads_as_sections_of_path_value_lines_and_leaves_no_garbage() -> None:
+    """A resident server keeps what a reference cycle holds until a full collection: the JSON
+    walk made one for every document."""
+    text = '{"a": {"b": 1, "c": [2, {"d": "x y"}]}, "e": null, "f": " ", "g": [true]}'
+    gc.collect()
+    gc.disable()
+    try:
+        elements = parse._json(text)
+        assert [(e["type"], e["text"], e.get("category_depth")) for e in elements] == [
+            ("Title", "a", 1),
+            ("NarrativeText", "a.b: 1", None),
+            ("NarrativeText", "a.c[0]: 2", None),
+            ("Title", "a.c[1]", 2),
+            ("NarrativeText", "a.c[1].d: x y", None),
+            ("NarrativeText", "g[0]: True", None),
+        ]
+        del elements
+        assert gc.collect() == 0
+    finally:
+        gc.enable()

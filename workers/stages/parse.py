@@ -207,20 +207,20 @@ def _pdf(path: Path, ocr: bool) -> list[Element]:
 def _json(text: str) -> list[Element]:
     """JSON as `path: value` lines; objects become sections headed by their key."""
     out: list[Element] = []
-
-    def walk(value: Any, path: str, depth: int) -> None:
+    # A stack, not a recursive closure: the closure's reference to itself made a cycle that kept
+    # every document's elements until a full collection, which a resident server rarely runs.
+    pending: list[tuple[Any, str, int]] = [(json.loads(text), "", 0)]
+    while pending:
+        value, path, depth = pending.pop()
         if isinstance(value, dict):
             if path:
                 out.append(element(path, "Title", depth=depth))
-            for key, item in value.items():
-                walk(item, f"{path}.{key}" if path else str(key), depth + 1)
+            keys = [(item, f"{path}.{key}" if path else str(key), depth + 1) for key, item in value.items()]
+            pending += reversed(keys)
         elif isinstance(value, list):
-            for index, item in enumerate(value):
-                walk(item, f"{path}[{index}]", depth)
+            pending += reversed([(item, f"{path}[{index}]", depth) for index, item in enumerate(value)])
         elif value is not None and str(value).strip():
             out.append(element(f"{path}: {value}" if path else str(value), "NarrativeText"))
-
-    walk(json.loads(text), "", 0)
     return out
 
 

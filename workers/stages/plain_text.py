@@ -95,9 +95,10 @@ def _page_elements(text: str, page: int | None, depths: _Depths, first_page: boo
         block = _Block()
 
     def next_nonblank(i: int) -> str | None:
-        for line in lines[i + 1 :]:
-            if line:
-                return line
+        # By index, not a slice: a slice copied the rest of the document for every line.
+        for j in range(i + 1, len(lines)):
+            if lines[j]:
+                return lines[j]
         return None
 
     for i, line in enumerate(lines):
