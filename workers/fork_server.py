@@ -224,7 +224,10 @@ class ForkServer:
         started = time.monotonic()
         for _ in range(2):  # a resident server that has grown hands the call to a fresh one
             if self._sock is None and self.resident:
-                self._start()  # the last one left, was killed or died
+                try:
+                    self._start()  # the last one left, was killed or died
+                except OSError as error:  # no fork now (memory, process limit): a sandbox may fit
+                    log.warning("could not start a parse server (%s); this parse forks a sandbox", error)
             if self._sock is None:
                 break
             call = next(self._calls)

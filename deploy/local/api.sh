@@ -44,6 +44,9 @@ start() {
   [ -x "$VENV/bin/ragline" ] || die "$VENV/bin/ragline not found; run 'make install' first"
   if pid_running "$PIDFILE"; then
     say "api: already running on $URL (pid $(cat "$PIDFILE"))"
+    if [ -z "${RAGLINE_AUTH__API_KEYS:-}${RAGLINE_AUTH__KEYS_FILE:-}${RAGLINE_AUTH__ALLOW_ANONYMOUS:-}" ]; then
+      dev_key # the key again: the run that printed it may be far up a terminal, or in another
+    fi
     return 0
   fi
   if [ -z "${RAGLINE_AUTH__API_KEYS:-}${RAGLINE_AUTH__KEYS_FILE:-}${RAGLINE_AUTH__ALLOW_ANONYMOUS:-}" ]; then

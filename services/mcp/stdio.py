@@ -37,8 +37,8 @@ def serve_stdio(settings: Settings) -> None:
     if down:
         names = " and ".join(f"{name} ({where})" for name, where in down)
         print(
-            f"ragline mcp: {names} unreachable; serving anyway, tools answer UNAVAILABLE until it is "
-            f"up ({HOW_TO_START})",
+            f"ragline mcp: {names} unreachable; serving anyway, the tools that need it answer "
+            f"UNAVAILABLE until it is up ({HOW_TO_START})",
             file=sys.stderr,
             flush=True,
         )

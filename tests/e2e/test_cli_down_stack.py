@@ -104,7 +104,7 @@ async def test_mcp_over_stdio_starts_and_answers_unavailable(tmp_path: Path) -> 
     assert "Traceback" not in stderr
     said = [line for line in stderr.splitlines() if "unreachable" in line]
     assert said == [
-        f"ragline mcp: OpenSearch ({NOWHERE}) unreachable; serving anyway, tools answer UNAVAILABLE "
-        "until it is up (locally, start the stack with `make up`)"
+        f"ragline mcp: OpenSearch ({NOWHERE}) unreachable; serving anyway, the tools that need it answer "
+        "UNAVAILABLE until it is up (locally, start the stack with `make up`)"
     ], stderr[-2000:]
     print(f"mcp stdio: stderr {len(stderr.splitlines())} lines; a tool call: {answers['search']}")
