@@ -98,19 +98,25 @@ def _sentences(text: str, start: int) -> list[tuple[str, int, int]]:
 def pieces_of(elements: list[dict[str, Any]], budget: int, counter: TokenCounter) -> tuple[str, list[Piece]]:
     """The parsed text (elements joined by blank lines) and its sentence pieces with headings."""
     parts: list[str] = []
-    pieces: list[Piece] = []
-    headings: list[tuple[int, str]] = []
+    spans_of: list[list[tuple[str, int, int]]] = []
     offset = 0
     for element in elements:
+        spans_of.append(_sentences(element["text"], offset))
+        parts.append(element["text"])
+        offset += len(element["text"]) + 2
+    # One tokenizer call for the whole document: a call per element cost more than its tokens.
+    counts = iter(counter.count([span[0] for spans in spans_of for span in spans]))
+    pieces: list[Piece] = []
+    headings: list[tuple[int, str]] = []
+    for element, spans in zip(elements, spans_of, strict=True):
         text = element["text"]
         page_num, page_label = element.get("page_number"), element.get("page_label")
         is_title = element.get("type") == "Title"
         if is_title:
             depth = int(element.get("category_depth") or 0)
             headings = [h for h in headings if h[0] < depth] + [(depth, " ".join(text.split())[:200])]
-        spans = _sentences(text, offset)
-        counts = counter.count([span[0] for span in spans]) if spans else []
-        for index, (span, count) in enumerate(zip(spans, counts, strict=True)):
+        for index, span in enumerate(spans):
+            count = next(counts)
             sub_spans = [span] if count <= budget else split_long(span[0], span[1], budget, counter)
             sub_counts = [count] if count <= budget else counter.count([s[0] for s in sub_spans])
             for sub_index, (sub, sub_count) in enumerate(zip(sub_spans, sub_counts, strict=True)):
@@ -126,8 +132,6 @@ def pieces_of(elements: list[dict[str, Any]], budget: int, counter: TokenCounter
                         section_start=is_title and index == 0 and sub_index == 0,
                     )
                 )
-        parts.append(text)
-        offset += len(text) + 2
     return "\n\n".join(parts), pieces
 
 
