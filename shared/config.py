@@ -232,6 +232,11 @@ class EmbeddingSettings(_Section):
     )
 
 
+# How much longer than a parse's own limit its caller waits for a parse server's answer: the
+# server kills a late sandbox itself, so a reply later than this means the server is stuck.
+PARSE_REPLY_GRACE_S = 30.0
+
+
 class ParseSettings(_Section):
     """Limits of the isolated parser: a hostile file fails its document, never the worker."""
 
@@ -729,6 +734,17 @@ class Settings(BaseSettings):
     metrics: MetricsSettings = Field(default_factory=MetricsSettings)
     tracing: TracingSettings = Field(default_factory=TracingSettings)
     blobs: BlobsSettings = Field(default_factory=BlobsSettings)
+
+    @model_validator(mode="after")
+    def _parse_ends_before_its_task(self) -> Settings:
+        # Past the task's soft limit Celery interrupts the parse: the document is retried for a
+        # file that will time out again, instead of failing once with TIMEOUT.
+        if self.parse.timeout_s + PARSE_REPLY_GRACE_S >= self.celery.soft_time_limit_s:
+            raise ValueError(
+                f"parse.timeout_s ({self.parse.timeout_s:g}) must be more than {PARSE_REPLY_GRACE_S:g} s "
+                f"below celery.soft_time_limit_s ({self.celery.soft_time_limit_s})"
+            )
+        return self
 
     @property
     def mcp_request_limit(self) -> int:

@@ -39,6 +39,7 @@ from collections.abc import Callable
 from functools import partial
 from typing import Any
 
+from shared.config import PARSE_REPLY_GRACE_S
 from shared.errors import ErrorCode, RaglineError
 from workers.sandbox import (
     SandboxError,
@@ -56,9 +57,6 @@ from workers.sandbox import (
 log = logging.getLogger(__name__)
 
 _LENGTH = struct.Struct("!Q")
-# Beyond the sandbox's own timeout: the server kills a late sandbox itself, so a reply later
-# than this means the server is stuck.
-_REPLY_GRACE_S = 30.0
 # Growth of a resident server's memory (resident or mapped) after which a fresh one serves.
 RESIDENT_GROWTH_BYTES = 256 << 20
 
@@ -232,7 +230,7 @@ class ForkServer:
                 break
             call = next(self._calls)
             try:
-                self._sock.settimeout(timeout_s if self.resident else timeout_s + _REPLY_GRACE_S)
+                self._sock.settimeout(timeout_s if self.resident else timeout_s + PARSE_REPLY_GRACE_S)
                 _send_call(self._sock, (call, fn, args, timeout_s, memory_bytes, what))
                 leaving, reply = _receive_reply(self._sock, call)
             except (EOFError, OSError, ValueError) as error:  # ValueError: not JSON, or OutOfTurn

@@ -186,7 +186,8 @@ def detect(data: bytes, filename: str | None, path: Path | None = None) -> FileK
         return markup_kind
     if stripped[:1] in "[{":
         try:
-            json.loads(stripped)
+            # Past its head, the whole file decides: a head alone is never valid JSON.
+            json.loads(stripped if whole or path is None else decode(path.read_bytes()))
             return FileKind.JSON
         except ValueError:
             pass

@@ -1,6 +1,6 @@
 """Bytes → text for every text kind, in the encoding the bytes are really in.
 
-The order: a byte order mark; then UTF-8, when the bytes are valid UTF-8 (text in another
+The order: a byte order mark, which decides alone; then UTF-8, when the bytes are valid UTF-8 (text in another
 encoding is almost never valid UTF-8, while declarations copied from a template often lie);
 then what the markup declares, its XML declaration first, then a `<meta charset>`; then
 windows-1252, which decodes most Western text; and latin-1, which decodes anything.
@@ -75,10 +75,16 @@ def decode(data: bytes, *, markup: bool = False, final: bool = True) -> str:
     `final=False` for a file's head: a character cut at its end is not taken for bad bytes.
     """
     marked = byte_order_encoding(data)
-    for encoding in (marked, "utf-8") if marked is not None else ("utf-8",):
-        text = _strict(data, encoding, final=final)
-        if text is not None:
-            return text.removeprefix("\ufeff")
+    if marked is not None:
+        # A byte order mark decides, as in browsers (WHATWG Encoding, BOM sniffing): a byte it
+        # cannot read becomes U+FFFD. Another encoding would read the whole file wrong: windows-1252
+        # made a UTF-16 file of odd length into "ÿþh\x00e\x00l\x00...".
+        return (
+            codecs.getincrementaldecoder(marked)("replace").decode(data, final=final).removeprefix("\ufeff")
+        )
+    text = _strict(data, "utf-8", final=final)
+    if text is not None:
+        return text
     # Declarations are read only for bytes that are not UTF-8: most text is.
     for encoding in [*(declared_encodings(data) if markup else []), "cp1252"]:
         text = _strict(data, encoding, final=final)

@@ -80,6 +80,12 @@ def test_visibility_timeout_must_outlast_the_hard_time_limit() -> None:
         load_settings(celery={"visibility_timeout_s": 600, "time_limit_s": 900, "soft_time_limit_s": 800})
 
 
+def test_a_parse_must_time_out_before_its_task_is_interrupted() -> None:
+    with pytest.raises(ConfigError, match=r"parse.timeout_s \(590\) must be more than 30 s below"):
+        load_settings(parse={"timeout_s": 590})
+    assert load_settings(parse={"timeout_s": 500}).parse.timeout_s == 500
+
+
 def test_hard_time_limit_must_exceed_soft() -> None:
     with pytest.raises(ConfigError, match="RAGLINE_CELERY__TIME_LIMIT_S: Value error, must be greater than"):
         load_settings(celery={"soft_time_limit_s": 100, "time_limit_s": 100})

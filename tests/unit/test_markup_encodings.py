@@ -136,6 +136,13 @@ def test_a_head_cut_inside_a_character_is_still_utf8() -> None:
     assert decode(data, final=False) == "x" * 10
 
 
+def test_a_byte_order_mark_decides_even_when_a_byte_after_it_is_bad() -> None:
+    odd = codecs.BOM_UTF16_LE + "héllo".encode("utf-16-le") + b"x"  # a last byte of half a unit
+    assert decode(odd) == "héllo\ufffd"
+    assert detect(odd, "note.txt") == FileKind.TEXT
+    assert decode(codecs.BOM_UTF8 + b"caf\xc3\xa9 \xff ok") == "café \ufffd ok"
+
+
 @pytest.mark.parametrize("encoding", ["utf-16", "utf-16-le", "utf-32"])
 def test_wide_encodings_are_text_not_binary(encoding: str) -> None:
     text = xhtml_page(WORDS, declaration="UTF-16" if "16" in encoding else "UTF-32", meta=None)

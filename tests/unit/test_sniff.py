@@ -82,3 +82,13 @@ def test_an_html_fragment_is_html_not_xml() -> None:
     fragment = b"<table border=1>\n  <tr>\n    <th>Path</th>\n  </tr>\n  <tr><td>./misc<td>More\n</table>\n"
     assert detect(fragment, "INDEX.html") == FileKind.HTML
     assert detect(b'<?xml version="1.0"?>\n<table><row/></table>', "data.xml") == FileKind.XML
+
+
+def test_json_longer_than_the_head_read_is_still_json(tmp_path: Path) -> None:
+    path = tmp_path / "export"  # no extension: the bytes decide
+    path.write_text("[" + ",".join(f'{{"id": {n}, "name": "item {n}"}}' for n in range(60_000)) + "]")
+    head = path.read_bytes()[: 1 << 20]
+    assert path.stat().st_size > len(head)
+    assert detect(head, path.name, path) == FileKind.JSON
+    path.write_text(path.read_text()[:-1] + ",")  # broken at its end: text, as before
+    assert detect(path.read_bytes()[: 1 << 20], path.name, path) == FileKind.TEXT

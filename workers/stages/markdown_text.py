@@ -29,7 +29,8 @@ _FRONT_MATTER_TITLE = re.compile(r"^title\s*[:=]\s*(.+?)\s*$", re.M)
 # A line of YAML or TOML metadata: `key: value`, `key = value`, `[table]`, a list entry, a
 # comment or an indented continuation. Prose between two `---` rules is no front matter.
 _METADATA_LINE = re.compile(r"\s*$|\s+\S|[\w.\"'-]+\s*[:=]|\[|-\s|#")
-_TAG = re.compile(r"<[^>]*>")
+# Not "<[^>]*>": without a ">" after them, each of many "<" scanned to the end of the block.
+_TAG = re.compile(r"<[^<>]*>")
 
 
 def _parser() -> MarkdownIt:
