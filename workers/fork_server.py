@@ -102,10 +102,23 @@ def _send_reply(sock: socket.socket, call: int, leaving: bool, reply: list[Any])
 
 
 def _receive_reply(sock: socket.socket, call: int) -> tuple[bool, list[Any]]:
+    """The reply to `call`; OutOfTurn for anything else, whatever its shape, so that the caller
+    retires the server instead of failing on a reply it cannot read."""
     answer = json.loads(_read_frame(sock))
     if not isinstance(answer, dict) or answer.get("call") != call:
         raise OutOfTurn(f"a reply to call {answer.get('call') if isinstance(answer, dict) else '?'}")
-    return bool(answer["leaving"]), list(answer["reply"])
+    reply = answer.get("reply")
+    codes = {code.value for code in ErrorCode}
+    if not (
+        isinstance(reply, list)
+        and (
+            (len(reply) == 2 and reply[0] == "ok")
+            or reply == ["again"]
+            or (len(reply) == 4 and reply[0] == "error" and reply[1] in codes and isinstance(reply[2], str))
+        )
+    ):
+        raise OutOfTurn(f"a reply to call {call} that is not one")
+    return bool(answer.get("leaving")), reply
 
 
 def _reply(payload: dict[str, Any]) -> list[Any]:

@@ -4,6 +4,7 @@ a resident server runs calls itself under the same limits, and is replaced when 
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import pickle
 import resource
@@ -20,7 +21,7 @@ from typing import Any
 import pytest
 
 from shared.errors import ErrorCode, PermanentError
-from workers.fork_server import ForkServer, _frame, _receive_reply, _run_resident, _send_reply
+from workers.fork_server import ForkServer, OutOfTurn, _frame, _receive_reply, _run_resident, _send_reply
 from workers.sandbox import run_limited
 
 LIMITS: dict[str, Any] = {"timeout_s": 10.0, "memory_bytes": 1 << 30, "what": "parsing"}
@@ -334,3 +335,23 @@ def test_a_resident_call_gives_back_the_limits_the_process_had() -> None:
     finally:
         for kind, value in zip(kinds, before, strict=True):
             resource.setrlimit(kind, value)
+
+
+@pytest.mark.parametrize(
+    "answer",
+    [
+        {"call": 0},
+        {"call": 0, "leaving": False, "reply": 1},
+        {"call": 0, "leaving": False, "reply": []},
+        {"call": 0, "leaving": False, "reply": ["error", "NOPE", "m", None]},
+        [0],
+    ],
+)
+def test_a_reply_of_any_other_shape_is_out_of_turn(answer: object) -> None:
+    """Refused as one kind of error, which retires the server; a KeyError, TypeError or IndexError
+    escaped the caller's handling and failed the document."""
+    ours, theirs = socket.socketpair()
+    with ours, theirs:
+        theirs.sendall(_frame(json.dumps(answer).encode()))
+        with pytest.raises(OutOfTurn):
+            _receive_reply(ours, 0)
