@@ -17,13 +17,15 @@ caller starts. A call whose server died under it runs again in a sandbox of its 
 time it has left, which decides it as before.
 
 Neither kind of server, nor any sandbox, holds the pool process's descriptors (its broker and
-database connections, its end of the other server's socket), and each dies with its parent.
+database connections, its end of the other server's socket), or can reach the network or another
+process (`workers.confinement`), and each dies with its parent.
 Replies are JSON and carry the number of the call they answer: the pool process never unpickles
 what a parsing process sent, and a reply out of turn retires the server.
 """
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import itertools
 import json
@@ -41,6 +43,7 @@ from typing import Any
 
 from shared.config import PARSE_REPLY_GRACE_S
 from shared.errors import ErrorCode, RaglineError
+from workers import confinement
 from workers.sandbox import (
     SandboxError,
     die_with_parent,
@@ -133,6 +136,10 @@ def _serve(sock: socket.socket, prepare: Callable[[], None], resident: bool, par
     die_with_parent(parent)
     # The pool process's connections, and its end of a server forked before this one: not ours.
     release_inherited(keep=[sock.fileno()])
+    os.setpgid(0, 0)  # what it starts is killed with it (see `close`)
+    confinement.isolate()  # for the sandboxes too, which inherit it
+    if resident:  # the full server kills its sandboxes when their time is up
+        confinement.forbid_reaching_processes()
     prepare()
     # What this process holds now stays shared with its parent: the collector never touches it.
     gc.freeze()
@@ -275,6 +282,8 @@ class ForkServer:
             return
         self._sock.close()
         self._sock = None
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(self.pid, signal.SIGKILL)  # unreaped, its number is no one else's group
         try:
             os.kill(self.pid, signal.SIGKILL)
             os.waitpid(self.pid, 0)

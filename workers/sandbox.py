@@ -3,8 +3,10 @@
 A hostile file (decompression bomb, billion laughs, pathological PDF) can then only kill the
 child: the worker process survives and fails that one document with a clear code. The child holds
 none of its parent's descriptors (a parser exploited through a native library could otherwise
-write to the worker's broker and database connections, or answer for another parse), dies with
-its parent, and writes its result to a file without a name, which nothing can find or leave behind.
+write to the worker's broker and database connections, or answer for another parse), can reach
+neither the network nor another process (`workers.confinement`), dies with its parent, takes
+what it started with it, and writes its result to a file without a name, which nothing can find
+or leave behind.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from collections.abc import Callable, Iterable, Iterator
 from typing import Any, TextIO
 
 from shared.errors import ErrorCode, PermanentError, RaglineError
+from workers import confinement
 
 _PR_SET_PDEATHSIG = 1
 # The most characters of an exception's message an operator's log gets (a parser's message can
@@ -142,6 +145,10 @@ def _child(fn: Callable[[], Any], result_fd: int, timeout_s: float, memory_bytes
         signal.signal(signal.SIGINT, signal.SIG_DFL)
         die_with_parent(parent)
         release_inherited(keep=[result_fd])
+        # A group of its own: whatever it starts is killed with it (see `_wait`).
+        os.setpgid(0, 0)
+        confinement.isolate()
+        confinement.forbid_reaching_processes()
         # The child already maps what the worker imported: the memory limit is on top of that.
         limit_memory(virtual_memory_bytes() + memory_bytes, hard=True)
         cpu = int(timeout_s) + 1
@@ -190,11 +197,16 @@ def _wait(pid: int, result: TextIO, timeout_s: float, what: str) -> Any:
         exited, _, _ = select.select([pidfd], [], [], timeout_s)
     finally:
         os.close(pidfd)
-    if not exited:
+    # The child's group outlives it only through processes it started (a converter, or what a
+    # hostile parser spawned): none may run on unlimited. The unreaped child keeps its number, so
+    # the group cannot be another's yet.
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(pid, signal.SIGKILL)
+    if not exited:  # it may not have made its group yet
         os.kill(pid, signal.SIGKILL)
-        os.waitpid(pid, 0)
-        raise timed_out(what, timeout_s)
     _, status = os.waitpid(pid, 0)
+    if not exited:
+        raise timed_out(what, timeout_s)
     if os.WIFSIGNALED(status):
         sig = os.WTERMSIG(status)
         reason = "CPU time limit" if sig == signal.SIGXCPU else f"signal {sig}"

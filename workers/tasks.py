@@ -10,7 +10,7 @@ from typing import Any
 
 import redis
 from celery import Task, shared_task
-from celery.signals import worker_process_init, worker_ready, worker_shutdown
+from celery.signals import worker_init, worker_process_init, worker_ready, worker_shutdown
 
 from shared import fairqueue, logs, tracing
 from shared.catalog import REEMBED_TASK
@@ -19,7 +19,7 @@ from shared.ingest import STAGE_TASK, StageRef
 from shared.models import Stage
 from shared.queue import enqueue, redis_client
 from shared.registry import Registry
-from workers import leader, liveness, metrics
+from workers import confinement, leader, liveness, metrics
 from workers.context import worker_context
 from workers.failures import is_outage, outage_countdown
 from workers.handover import resend
@@ -81,6 +81,13 @@ def _leave(sender: Any = None, **_: Any) -> None:
     for job in _JOBS:
         with contextlib.suppress(redis.RedisError):
             job.stop(timeout_s=10)
+
+
+@worker_init.connect
+def _shield(**_: Any) -> None:
+    """Before the pool forks: parse processes of the same user must not open the main process's
+    or a pool process's descriptors through /proc, even where they cannot be isolated."""
+    confinement.shield_from_children()
 
 
 @worker_ready.connect

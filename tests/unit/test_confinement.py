@@ -1,0 +1,238 @@
+"""A parse process taken over by a hostile file reaches neither the pool process (its descriptors,
+environment, signals), nor the network, and what it starts dies with it."""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import logging
+import os
+import signal
+import socket
+import subprocess
+import threading
+import time
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pytest
+
+from workers import confinement
+from workers.fork_server import ForkServer
+from workers.sandbox import run_limited
+
+LIMITS: dict[str, Any] = {"timeout_s": 10.0, "memory_bytes": 1 << 30, "what": "parsing"}
+
+
+def _nothing() -> None:
+    """What a server loads before serving."""
+
+
+def _attempt(action: Callable[[], object]) -> str:
+    try:
+        action()
+    except OSError as error:
+        return f"refused ({error.strerror})"
+    return "done"
+
+
+def reach(pool: int, pipe: int, port: int) -> dict[str, str]:
+    """What a hostile parser would try against the pool process `pool`, which holds the write end
+    `pipe` of a pipe and listens on loopback `port`."""
+
+    def connect() -> None:
+        socket.create_connection(("127.0.0.1", port), timeout=2).close()
+
+    return {
+        "reopen its pipe": _attempt(lambda: os.close(os.open(f"/proc/{pool}/fd/{pipe}", os.O_WRONLY))),
+        "read its environment": _attempt(lambda: open(f"/proc/{pool}/environ", "rb").close()),
+        "read its memory": _attempt(lambda: open(f"/proc/{pool}/mem", "rb").close()),
+        "signal it": _attempt(lambda: os.kill(pool, 0)),
+        "signal the whole group": _attempt(lambda: os.kill(0, 0)),
+        "signal everyone": _attempt(lambda: os.kill(-1, 0)),
+        "connect to loopback": _attempt(connect),
+    }
+
+
+@pytest.fixture
+def pool() -> Iterator[tuple[int, int, int]]:
+    read, write = os.pipe()
+    listener = socket.create_server(("127.0.0.1", 0))
+    try:
+        yield os.getpid(), write, listener.getsockname()[1]
+    finally:
+        listener.close()
+        os.close(read)
+        os.close(write)
+
+
+def test_the_pool_process_itself_can_do_all_of_it(pool: tuple[int, int, int]) -> None:
+    """The attempts are real: unconfined, each one succeeds."""
+    pid = os.fork()
+    if pid == 0:
+        code = 1
+        try:
+            code = 0 if set(reach(*pool).values()) == {"done"} else 3
+        finally:
+            os._exit(code)
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0
+
+
+def test_no_parse_process_reaches_the_pool_process_or_the_network(pool: tuple[int, int, int]) -> None:
+    lean = ForkServer(_nothing, resident=True)
+    full = ForkServer(_nothing)
+    try:
+        tried = {
+            "resident server": lean.run(reach, pool, **LIMITS),
+            "fork server's sandbox": full.run(reach, pool, **LIMITS),
+            "direct sandbox": run_limited(lambda: reach(*pool), **LIMITS),
+        }
+    finally:
+        lean.close()
+        full.close()
+    for where, outcome in tried.items():
+        assert {what for what, result in outcome.items() if result == "done"} == set(), where
+
+
+def signal_self_and_run_a_program() -> list[str]:
+    received: list[str] = []
+    signal.signal(signal.SIGUSR1, lambda *_: received.append("own signal"))
+    signal.raise_signal(signal.SIGUSR1)
+    os.kill(os.getpid(), 0)
+    ran = subprocess.run(["echo", "a converter runs"], capture_output=True, text=True, check=True)
+    return [*received, ran.stdout.strip()]
+
+
+def test_a_parse_process_still_signals_itself_and_runs_programs() -> None:
+    lean = ForkServer(_nothing, resident=True)
+    try:
+        expected = ["own signal", "a converter runs"]
+        assert lean.run(signal_self_and_run_a_program, (), **LIMITS) == expected
+        assert run_limited(signal_self_and_run_a_program, **LIMITS) == expected
+    finally:
+        lean.close()
+
+
+def start_a_straggler(then_sleep: float) -> dict[str, Any]:
+    straggler = subprocess.Popen(["sleep", "300"])
+    try:
+        subprocess.Popen(["sleep", "300"], start_new_session=True)
+        escaped = "a new session"
+    except OSError as error:
+        escaped = f"refused ({error.strerror})"
+    time.sleep(then_sleep)
+    return {"pid": straggler.pid, "escape": escaped}
+
+
+def _gone(pid: int) -> bool:
+    """Ended (reaped, or a zombie awaiting its new parent)."""
+    deadline = time.monotonic() + 5
+    while time.monotonic() < deadline:
+        try:
+            with open(f"/proc/{pid}/stat", encoding="ascii") as stat:
+                if stat.read().rsplit(")", 1)[1].split()[0] == "Z":
+                    return True
+        except FileNotFoundError:
+            return True
+        time.sleep(0.05)
+    return False
+
+
+def test_what_a_sandbox_starts_ends_with_it_and_cannot_leave_its_group() -> None:
+    started = run_limited(lambda: start_a_straggler(0), **LIMITS)
+    assert started["escape"].startswith("refused")
+    assert _gone(started["pid"])
+    # And when the sandbox is killed at its time limit: its pid is known only from outside.
+    before = set(_sleepers())
+    with contextlib.suppress(Exception):
+        run_limited(lambda: start_a_straggler(30), **{**LIMITS, "timeout_s": 1.0})
+    assert all(_gone(pid) for pid in set(_sleepers()) - before)
+
+
+def _sleepers() -> list[int]:
+    found = []
+    for name in os.listdir("/proc"):
+        if name.isdigit():
+            with contextlib.suppress(OSError), open(f"/proc/{name}/cmdline", "rb") as cmdline:
+                if cmdline.read() == b"sleep\x00300\x00":
+                    found.append(int(name))
+    return found
+
+
+def test_a_shielded_process_keeps_an_unisolated_child_of_its_user_out_of_its_descriptors() -> None:
+    """Where namespaces are refused (Docker's default profile), a worker that runs as an
+    unprivileged user is still out of reach of its parse processes."""
+
+    def child_of(shielded: bool) -> str:
+        pid = os.fork()
+        if pid == 0:  # the pool process, as an unprivileged user
+            code = 1
+            try:
+                if os.geteuid() == 0:
+                    os.setresgid(65534, 65534, 65534)
+                    os.setresuid(65534, 65534, 65534)
+                    ctypes.CDLL(None).prctl(4, 1, 0, 0, 0)  # dumpable, as a process started so is
+                if shielded:
+                    confinement.shield_from_children()
+                _read, write = os.pipe()
+                pool = os.getpid()
+                sandbox = os.fork()
+                if sandbox == 0:
+                    reopened = _attempt(lambda: os.close(os.open(f"/proc/{pool}/fd/{write}", os.O_WRONLY)))
+                    os._exit(0 if reopened == "done" else 4)
+                _, status = os.waitpid(sandbox, 0)
+                code = os.waitstatus_to_exitcode(status)
+            finally:
+                os._exit(code)
+        _, status = os.waitpid(pid, 0)
+        return {0: "reopened", 4: "refused"}.get(os.waitstatus_to_exitcode(status), "failed")
+
+    assert child_of(shielded=False) == "reopened"
+    assert child_of(shielded=True) == "refused"
+
+
+def test_a_process_that_cannot_be_isolated_says_so() -> None:
+    """unshare refuses a process with threads: the same path as a system that refuses it."""
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        code = 1
+        try:
+            os.close(read)
+            stop = threading.Event()
+            threading.Thread(target=stop.wait, daemon=True).start()
+            messages: list[str] = []
+            handler = logging.Handler()
+            handler.emit = lambda record: messages.append(record.getMessage())  # type: ignore[method-assign]
+            logging.getLogger(confinement.__name__).addHandler(handler)
+            isolated = confinement.isolate()
+            os.write(write, f"{isolated}|{messages[0] if messages else ''}".encode())
+            stop.set()
+            code = 0
+        finally:
+            os._exit(code)
+    os.close(write)
+    with os.fdopen(read, "rb") as answer:
+        said, message = answer.read().decode().split("|", 1)
+    os.waitpid(pid, 0)
+    assert said == "False"
+    assert "cannot have namespaces of their own" in message
+
+
+def test_a_worker_shields_itself_before_it_forks_its_pool() -> None:
+    """Celery's worker_init runs in the main process before the pool is forked."""
+    from celery.signals import worker_init
+
+    import workers.tasks  # noqa: F401  (connects the worker's signal handlers)
+
+    pid = os.fork()
+    if pid == 0:
+        code = 1
+        try:
+            worker_init.send(sender=None)
+            code = ctypes.CDLL(None).prctl(3, 0, 0, 0, 0)  # PR_GET_DUMPABLE
+        finally:
+            os._exit(code)
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0  # not dumpable
