@@ -159,10 +159,14 @@ def name_hint(filename: str | None, declared: str | None) -> str | None:
     return f"{filename or 'document'}{extensions[0]}"
 
 
-def detect(data: bytes, filename: str | None, path: Path | None = None) -> FileKind:
+def detect(
+    data: bytes, filename: str | None, path: Path | None = None, *, whole_limit: int | None = None
+) -> FileKind:
     """The kind of a file, judged from its content; the name only tells Markdown and CSV from text.
 
-    `data` may be just the file's head when `path` gives the whole file.
+    `data` may be just the file's head when `path` gives the whole file. A file longer than its
+    head is read whole to judge it JSON only up to `whole_limit` bytes: past that it is text,
+    which its size guard refuses before reading it.
     """
     if not data:
         raise PermanentError("the file is empty", code=ErrorCode.EMPTY_DOCUMENT)
@@ -180,11 +184,12 @@ def detect(data: bytes, filename: str | None, path: Path | None = None) -> FileK
     name = (filename or "").lower()
     if _EMAIL_HEADER.match(sample) and len(_EMAIL_HEADER.findall(sample[:4096])) >= 2:
         return FileKind.EML
-    whole = path is None or path.stat().st_size == len(data)
+    size = len(data) if path is None else path.stat().st_size
+    whole = size == len(data)
     markup_kind = _markup_kind(stripped, whole)
     if markup_kind is not None:
         return markup_kind
-    if stripped[:1] in "[{":
+    if stripped[:1] in "[{" and (whole or whole_limit is None or size <= whole_limit):
         try:
             # Past its head, the whole file decides: a head alone is never valid JSON.
             json.loads(stripped if whole or path is None else decode(path.read_bytes()))

@@ -5,6 +5,7 @@ from __future__ import annotations
 import io
 import zipfile
 from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 
 import pytest
@@ -167,3 +168,29 @@ def test_a_doctype_without_entities_is_dropped(text: str, kept: str) -> None:
 )
 def test_a_doctype_with_entities_is_refused(text: str) -> None:
     _refused(lambda: without_harmless_doctype(text), ErrorCode.PARSE_ERROR)
+
+
+def test_a_text_file_too_large_for_its_limit_is_refused_unread(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A file past 4 bytes a character holds too many characters in any encoding: it is refused
+    from its size, JSON or not, without reading, decoding or parsing it whole."""
+    from workers.stages import parse
+
+    limits = ParseSettings(max_text_chars=100_000)
+    padded_json = b"[" + b" " * (2 << 20) + b'"a short value"]'  # valid, 2 MiB, little text
+    broken_json = b"[" + b"x" * (2 << 20)
+    for data in (padded_json, broken_json):
+        path = _file(tmp_path, data, "export")
+        with monkeypatch.context() as patched:
+
+            def unread(self: Path) -> bytes:
+                raise AssertionError(f"{self} was read whole")
+
+            patched.setattr(Path, "read_bytes", unread)
+            message = _refused(partial(parse._parse, path, "export", limits, ocr=False), ErrorCode.TOO_LARGE)
+        assert "more than the limit of 100000 characters" in message
+    # Within the byte bound, a file longer than the detection head is still judged whole.
+    path = _file(tmp_path, padded_json, "export")
+    parsed = parse._parse(path, "export", ParseSettings(max_text_chars=1 << 20), ocr=False)
+    assert parsed["kind"] == "application/json"

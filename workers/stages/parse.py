@@ -311,10 +311,16 @@ def _limited_output(elements: list[Element], max_chars: int) -> list[Element]:
     return elements
 
 
-def _detect(path: Path, filename: str | None) -> FileKind:
+def _detect(path: Path, filename: str | None, limits: ParseSettings) -> FileKind:
     with path.open("rb") as handle:
         head = handle.read(1 << 20)
-    return detect(head, filename, path)
+    return detect(head, filename, path, whole_limit=_most_text_bytes(limits))
+
+
+def _most_text_bytes(limits: ParseSettings) -> int:
+    """The largest text file that may hold no more than `max_text_chars` characters: no encoding
+    takes more than 4 bytes a character (UTF-32). A larger one is refused without being read."""
+    return limits.max_text_chars * 4
 
 
 def _guard(path: Path, kind: FileKind, limits: ParseSettings) -> None:
@@ -323,9 +329,15 @@ def _guard(path: Path, kind: FileKind, limits: ParseSettings) -> None:
         check_archive(path, limits)
     elif kind == FileKind.PDF:
         check_pdf(path)
-    elif kind in _PLAIN_KINDS and path.stat().st_size > limits.max_text_chars:
+    elif kind in _PLAIN_KINDS and (size := path.stat().st_size) > limits.max_text_chars:
         # Partitioning takes many times the memory of the text: refuse an oversized one first.
         # (Below this size it has fewer characters than bytes, so it is within the limit.)
+        if size > _most_text_bytes(limits):
+            raise PermanentError(
+                f"the file's {size} bytes hold more than the limit of {limits.max_text_chars} "
+                "characters of text",
+                code=ErrorCode.TOO_LARGE,
+            )
         _refuse_over(len(_text(path)), limits.max_text_chars)
 
 
@@ -337,7 +349,7 @@ def _parse(
     `lean`: in a sandbox of the lean server, which parses only Ragline's own kinds; for any
     other, the result has the kind and no elements, and the full server parses the file.
     """
-    kind = _detect(path, filename)
+    kind = _detect(path, filename, limits)
     if lean and kind not in _LEAN_KINDS:
         return {"kind": kind.value, "elements": None}
     _guard(path, kind, limits)
@@ -370,7 +382,7 @@ def _email(path: Path, ocr: bool, limits: ParseSettings, depth: int) -> list[Ele
             part = Path(scratch) / str(index)
             part.write_bytes(attachment.data)
             try:
-                kind = _detect(part, attachment.name)
+                kind = _detect(part, attachment.name, limits)
             except PermanentError as error:
                 if error.code not in _SKIPPED_ATTACHMENTS:
                     raise
