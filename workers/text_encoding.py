@@ -79,6 +79,9 @@ def decode(data: bytes, *, markup: bool = False, final: bool = True) -> str:
         # A byte order mark decides, as in browsers (WHATWG Encoding, BOM sniffing): a byte it
         # cannot read becomes U+FFFD. Another encoding would read the whole file wrong: windows-1252
         # made a UTF-16 file of odd length into "ÿþh\x00e\x00l\x00...".
+        if marked == "utf-32" and _strict(data, marked, final=final) is None:
+            # FF FE 00 00 is also UTF-16's mark before a NUL: bytes that are not UTF-32 are that.
+            marked = "utf-16"
         return (
             codecs.getincrementaldecoder(marked)("replace").decode(data, final=final).removeprefix("\ufeff")
         )

@@ -136,6 +136,12 @@ def test_a_head_cut_inside_a_character_is_still_utf8() -> None:
     assert decode(data, final=False) == "x" * 10
 
 
+def test_utf32s_mark_is_utf16s_before_a_nul_when_the_rest_is_not_utf32() -> None:
+    utf16 = codecs.BOM_UTF16_LE + "\x00héllo".encode("utf-16-le")  # FF FE 00 00 ...
+    assert decode(utf16) == "\x00héllo"
+    assert decode(codecs.BOM_UTF32_LE + "héllo".encode("utf-32-le")) == "héllo"
+
+
 def test_a_byte_order_mark_decides_even_when_a_byte_after_it_is_bad() -> None:
     odd = codecs.BOM_UTF16_LE + "héllo".encode("utf-16-le") + b"x"  # a last byte of half a unit
     assert decode(odd) == "héllo\ufffd"
