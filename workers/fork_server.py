@@ -271,8 +271,8 @@ class ForkServer:
             if reply[0] == "ok":
                 return reply[1]
             raise SandboxError(reply[2], code=ErrorCode(reply[1]), cause=reply[3])
-        # A resident server that died under the call leaves it the rest of its time, not more.
-        left = timeout_s - (time.monotonic() - started) if self.resident else timeout_s
+        # A server that died under the call leaves it the rest of its time, not more.
+        left = timeout_s - (time.monotonic() - started)
         if left <= 0:
             raise timed_out(what, timeout_s)
         return run_limited(partial(fn, *args), timeout_s=left, memory_bytes=memory_bytes, what=what)

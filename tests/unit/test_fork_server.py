@@ -13,6 +13,7 @@ import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -355,3 +356,16 @@ def test_a_reply_of_any_other_shape_is_out_of_turn(answer: object) -> None:
         theirs.sendall(_frame(json.dumps(answer).encode()))
         with pytest.raises(OutOfTurn):
             _receive_reply(ours, 0)
+
+
+def test_a_call_whose_fork_server_dies_is_decided_in_the_time_it_has_left(server: ForkServer) -> None:
+    """The fallback sandbox gets what is left of the call's limit, not the limit again: a parse
+    must stay within the stage's own time limit."""
+    killer = threading.Timer(1.5, os.kill, (server.pid, signal.SIGKILL))
+    killer.start()
+    try:
+        with pytest.raises(PermanentError) as caught:
+            server.run(sleep, (2.0,), **{**LIMITS, "timeout_s": 3.0})
+    finally:
+        killer.join()
+    assert caught.value.code == ErrorCode.TIMEOUT

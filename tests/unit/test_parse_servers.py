@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import gc
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from types import SimpleNamespace
@@ -115,3 +116,24 @@ def test_json_reads_as_sections_of_path_value_lines_and_leaves_no_garbage() -> N
         assert gc.collect() == 0
     finally:
         gc.enable()
+
+
+def slow_in_both_servers(
+    path: Path, filename: str | None, limits: Any, ocr: bool, lean: bool = False
+) -> dict[str, Any]:
+    """A file whose detection in the lean server and parse in the full one each take a while."""
+    time.sleep(1.5 if lean else 1.0)
+    return {"kind": "text/plain", "elements": None if lean else [{"text": "parsed", "type": "Text"}]}
+
+
+def test_a_parse_has_one_time_limit_across_both_servers(
+    servers: Servers, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(parse, "_parse", slow_in_both_servers)
+    limits = Settings().parse.model_copy(update={"timeout_s": 2.0})
+    path = tmp_path / "file.txt"
+    path.write_text("text")
+    with pytest.raises(PermanentError) as caught:
+        parse._parse_isolated((path, path.name, limits, False), limits)
+    assert caught.value.code == ErrorCode.TIMEOUT
+    assert "longer than 2 s" in caught.value.message

@@ -22,6 +22,7 @@ import re
 import shutil
 import sys
 import tempfile
+import time
 from dataclasses import dataclass
 from functools import lru_cache, partial
 from pathlib import Path
@@ -33,7 +34,7 @@ from shared.models import Document
 from workers.context import WorkerContext
 from workers.fork_server import ForkServer
 from workers.guards import check_archive, check_html, check_pdf, without_harmless_doctype
-from workers.sandbox import SandboxError, run_limited
+from workers.sandbox import SandboxError, run_limited, timed_out
 from workers.sniff import ARCHIVE_KINDS, FileKind, detect
 from workers.stages.base import StageResult
 from workers.stages.elements import Element, element
@@ -406,9 +407,19 @@ def _parse_isolated(args: tuple[Any, ...], limits: ParseSettings) -> dict[str, A
     bounds: dict[str, Any] = {"timeout_s": limits.timeout_s, "memory_bytes": limits.memory_mb << 20}
     if _fork_servers:
         servers = _fork_servers[0]
+        started = time.monotonic()
         parsed: dict[str, Any] = servers.lean.run(_parse, (*args, True), what="parsing", **bounds)
         if parsed["elements"] is None:
-            parsed = servers.full.run(_parse, args, what="parsing", **bounds)
+            # One limit for the parse, wherever it runs: the stage's own time limit counts on it.
+            bounds["timeout_s"] -= time.monotonic() - started
+            if bounds["timeout_s"] <= 0:
+                raise timed_out("parsing", limits.timeout_s)
+            try:
+                parsed = servers.full.run(_parse, args, what="parsing", **bounds)
+            except PermanentError as error:
+                if error.code == ErrorCode.TIMEOUT:  # said of what was left: the limit is the whole
+                    raise timed_out("parsing", limits.timeout_s) from None
+                raise
         return parsed
     prepare()
     result: dict[str, Any] = run_limited(partial(_parse, *args), what="parsing", **bounds)
