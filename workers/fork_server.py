@@ -33,12 +33,15 @@ import logging
 import os
 import pickle
 import resource
+import shutil
 import signal
 import socket
 import struct
+import tempfile
 import time
 from collections.abc import Callable
 from functools import partial
+from pathlib import Path
 from typing import Any
 
 from shared.config import PARSE_REPLY_GRACE_S
@@ -72,10 +75,18 @@ def _frame(data: bytes) -> bytes:
     return _LENGTH.pack(len(data)) + data
 
 
-def _read_frame(sock: socket.socket) -> bytes:
+def _read_frame(sock: socket.socket, deadline: float | None = None, most: int | None = None) -> bytes:
+    """One frame; by `deadline` (monotonic) as a whole, not a timeout for each piece, which a
+    sender could keep alive a byte at a time; of `most` bytes at most (ValueError past it)."""
+
     def exactly(count: int) -> bytes:
         parts, missing = [], count
         while missing:
+            if deadline is not None:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise TimeoutError("the reply did not arrive in time")
+                sock.settimeout(left)
             part = sock.recv(min(missing, 1 << 20))
             if not part:
                 raise EOFError("the fork server's connection closed")
@@ -84,6 +95,8 @@ def _read_frame(sock: socket.socket) -> bytes:
         return b"".join(parts)
 
     (length,) = _LENGTH.unpack(exactly(_LENGTH.size))
+    if most is not None and length > most:
+        raise ValueError(f"a frame of {length} bytes, over {most}")
     return exactly(length)
 
 
@@ -104,10 +117,13 @@ def _send_reply(sock: socket.socket, call: int, leaving: bool, reply: list[Any])
     sock.sendall(_frame(json.dumps({"call": call, "leaving": leaving, "reply": reply}).encode()))
 
 
-def _receive_reply(sock: socket.socket, call: int) -> tuple[bool, list[Any]]:
-    """The reply to `call`; OutOfTurn for anything else, whatever its shape, so that the caller
-    retires the server instead of failing on a reply it cannot read."""
-    answer = json.loads(_read_frame(sock))
+def _receive_reply(
+    sock: socket.socket, call: int, deadline: float | None = None, most: int | None = None
+) -> tuple[bool, list[Any]]:
+    """The reply to `call` (by `deadline`, of `most` bytes at most); OutOfTurn for anything else,
+    whatever its shape, so that the caller retires the server instead of failing on a reply it
+    cannot read."""
+    answer = json.loads(_read_frame(sock, deadline, most))
     if not isinstance(answer, dict) or answer.get("call") != call:
         raise OutOfTurn(f"a reply to call {answer.get('call') if isinstance(answer, dict) else '?'}")
     reply = answer.get("reply")
@@ -124,21 +140,36 @@ def _receive_reply(sock: socket.socket, call: int) -> tuple[bool, list[Any]]:
     return bool(answer.get("leaving")), reply
 
 
+def _result(reply: list[Any]) -> Any:
+    """The call's result, or its failure raised as a sandbox's would be."""
+    if reply[0] == "ok":
+        return reply[1]
+    raise SandboxError(reply[2], code=ErrorCode(reply[1]), cause=reply[3])
+
+
 def _reply(payload: dict[str, Any]) -> list[Any]:
     if "ok" in payload:
         return ["ok", payload["ok"]]
     return ["error", payload["error"], payload["message"], payload.get("cause")]
 
 
-def _serve(sock: socket.socket, prepare: Callable[[], None], resident: bool, parent: int) -> None:
+def _serve(
+    sock: socket.socket, prepare: Callable[[], None], resident: bool, parent: int, private: Path
+) -> None:
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
     signal.signal(signal.SIGINT, signal.SIG_DFL)
     die_with_parent(parent)
     # The pool process's connections, and its end of a server forked before this one: not ours.
     release_inherited(keep=[sock.fileno()])
     os.setpgid(0, 0)  # what it starts is killed with it (see `close`)
-    confinement.isolate()  # for the sandboxes too, which inherit it
-    if resident:  # the full server kills its sandboxes when their time is up
+    # Its sandboxes' directories in its own, which its caller removes whatever way it ends.
+    tempfile.tempdir = str(private)
+    if resident:
+        # It parses: confined as a sandbox is, its inputs copied into its directory for each call.
+        # (The full server only forks the sandboxes, which confine themselves, each to its input.)
+        confinement.scrub_environment(private)
+        confinement.restrict_files([], private)
+        confinement.isolate()
         confinement.forbid_reaching_processes()
     prepare()
     # What this process holds now stays shared with its parent: the collector never touches it.
@@ -146,7 +177,7 @@ def _serve(sock: socket.socket, prepare: Callable[[], None], resident: bool, par
     started_with = _resident_bytes(), virtual_memory_bytes()
     while True:
         try:
-            call, fn, args, timeout_s, memory_bytes, what = _receive_call(sock)
+            call, fn, args, timeout_s, memory_bytes, what, private_input = _receive_call(sock)
         except (EOFError, OSError):
             return  # the pool process is gone
         leaving = False
@@ -164,7 +195,12 @@ def _serve(sock: socket.socket, prepare: Callable[[], None], resident: bool, par
                 reply = [
                     "ok",
                     run_limited(
-                        partial(fn, *args), timeout_s=timeout_s, memory_bytes=memory_bytes, what=what
+                        fn,
+                        args=args,
+                        private_input=private_input,
+                        timeout_s=timeout_s,
+                        memory_bytes=memory_bytes,
+                        what=what,
                     ),
                 ]
             except RaglineError as error:
@@ -215,30 +251,45 @@ class ForkServer:
         self._prepare, self.resident = prepare, resident
         self._sock: socket.socket | None = None
         self.pid = 0
+        self._private: Path | None = None  # a resident server's own directory: its inputs' copies
         self._calls = itertools.count()
         self._start()
 
     def _start(self) -> None:
         ours, theirs = socket.socketpair()
         parent = os.getpid()
-        pid = os.fork()
+        private = Path(tempfile.mkdtemp(prefix="ragline-parse-server-"))
+        try:
+            pid = os.fork()
+        except OSError:
+            shutil.rmtree(private, ignore_errors=True)
+            raise
         if pid == 0:
             code = 0
             try:
                 ours.close()
-                _serve(theirs, self._prepare, self.resident, parent)
+                _serve(theirs, self._prepare, self.resident, parent, private)
             except BaseException:
                 log.exception("the fork server failed")
                 code = 1
             finally:
                 os._exit(code)
         theirs.close()
-        self._sock, self.pid = ours, pid
+        self._sock, self.pid, self._private = ours, pid, private
 
     def run(
-        self, fn: Callable[..., Any], args: tuple[Any, ...], *, timeout_s: float, memory_bytes: int, what: str
+        self,
+        fn: Callable[..., Any],
+        args: tuple[Any, ...],
+        *,
+        timeout_s: float,
+        memory_bytes: int,
+        what: str,
+        private_input: bool = False,
     ) -> Any:
-        """`run_limited(fn(*args))` through the server; `fn` and `args` must pickle."""
+        """`run_limited(fn(*args))` through the server; `fn` and `args` must pickle.
+
+        `private_input`: `args[0]` is a file the parse may read, through a copy of its own."""
         started = time.monotonic()
         for _ in range(2):  # a resident server that has grown hands the call to a fresh one
             if self._sock is None and self.resident:
@@ -249,10 +300,14 @@ class ForkServer:
             if self._sock is None:
                 break
             call = next(self._calls)
+            handed = self._handed(args, call) if private_input and self.resident else None
             try:
-                self._sock.settimeout(timeout_s if self.resident else timeout_s + PARSE_REPLY_GRACE_S)
-                _send_call(self._sock, (call, fn, args, timeout_s, memory_bytes, what))
-                leaving, reply = _receive_reply(self._sock, call)
+                wait = timeout_s if self.resident else timeout_s + PARSE_REPLY_GRACE_S
+                self._sock.settimeout(wait)
+                sent = args if handed is None else (handed, *args[1:])
+                _send_call(self._sock, (call, fn, sent, timeout_s, memory_bytes, what, private_input))
+                # No reply is larger than the memory the call may use.
+                leaving, reply = _receive_reply(self._sock, call, time.monotonic() + wait, memory_bytes)
             except (EOFError, OSError, ValueError) as error:  # ValueError: not JSON, or OutOfTurn
                 self.close()
                 if self.resident and isinstance(error, TimeoutError):
@@ -264,24 +319,37 @@ class ForkServer:
             except BaseException:
                 self.close()  # a reply still on its way must never be read as the next call's
                 raise
+            finally:
+                if handed is not None:
+                    handed.unlink(missing_ok=True)
             if leaving:
                 self.close()
-            if reply[0] == "again":
-                continue
-            if reply[0] == "ok":
-                return reply[1]
-            raise SandboxError(reply[2], code=ErrorCode(reply[1]), cause=reply[3])
+            if reply[0] != "again":
+                return _result(reply)
         # A server that died under the call leaves it the rest of its time, not more.
         left = timeout_s - (time.monotonic() - started)
         if left <= 0:
             raise timed_out(what, timeout_s)
-        return run_limited(partial(fn, *args), timeout_s=left, memory_bytes=memory_bytes, what=what)
+        return run_limited(
+            fn, args=args, private_input=private_input, timeout_s=left, memory_bytes=memory_bytes, what=what
+        )
+
+    def _handed(self, args: tuple[Any, ...], call: int) -> Path | None:
+        """The copy of the input a resident server may read: the only file of the worker's it may."""
+        if self._private is None:
+            return None
+        directory = self._private / str(call)
+        directory.mkdir()
+        return confinement.private_copy(Path(args[0]), directory)
 
     def close(self) -> None:
         if self._sock is None:
             return
         self._sock.close()
         self._sock = None
+        if self._private is not None:
+            shutil.rmtree(self._private, ignore_errors=True)
+            self._private = None
         with contextlib.suppress(ProcessLookupError):
             os.killpg(self.pid, signal.SIGKILL)  # unreaped, its number is no one else's group
         try:

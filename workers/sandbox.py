@@ -17,10 +17,13 @@ import json
 import os
 import resource
 import select
+import shutil
 import signal
 import tempfile
 import traceback
 from collections.abc import Callable, Iterable, Iterator
+from functools import partial
+from pathlib import Path
 from typing import Any, TextIO
 
 from shared.errors import ErrorCode, PermanentError, RaglineError
@@ -126,19 +129,52 @@ def timed_out(what: str, timeout_s: float) -> PermanentError:
     return PermanentError(f"{what} took longer than {timeout_s:.0f} s", code=ErrorCode.TIMEOUT)
 
 
-def run_limited(fn: Callable[[], Any], *, timeout_s: float, memory_bytes: int, what: str) -> Any:
-    """Return `fn()`'s JSON-serialisable result, computed in a child process under limits."""
+def run_limited(
+    fn: Callable[..., Any],
+    *,
+    timeout_s: float,
+    memory_bytes: int,
+    what: str,
+    args: tuple[Any, ...] = (),
+    private_input: bool = False,
+) -> Any:
+    """Return `fn(*args)`'s JSON-serialisable result, computed in a child process under limits.
+
+    `private_input`: `args[0]` is the path of a file the child may read, alone of the worker's
+    files (see `workers.confinement`).
+    """
     parent = os.getpid()
-    # Unnamed (O_TMPFILE where the file system has it, else unlinked at once): the child writes
-    # through its copy of the descriptor, the parent reads from the start once it has exited.
-    with tempfile.TemporaryFile("w+", encoding="utf-8", prefix="ragline-sandbox-") as result:
-        pid = os.fork()
-        if pid == 0:  # child
-            _child(fn, result.fileno(), timeout_s, memory_bytes, parent)
-        return _wait(pid, result, timeout_s, what)
+    # The child's own directory (its temporary files, its home), removed whatever it left.
+    private = Path(tempfile.mkdtemp(prefix="ragline-sandbox-"))
+    try:
+        # Unnamed (O_TMPFILE where the file system has it, else unlinked at once): the child writes
+        # through its copy of the descriptor, the parent reads from the start once it has exited.
+        with tempfile.TemporaryFile("w+", encoding="utf-8", prefix="ragline-sandbox-") as result:
+            pid = os.fork()
+            if pid == 0:  # child
+                _child(
+                    partial(fn, *args),
+                    private_input,
+                    private,
+                    result.fileno(),
+                    timeout_s,
+                    memory_bytes,
+                    parent,
+                )
+            return _wait(pid, result, timeout_s, what)
+    finally:
+        shutil.rmtree(private, ignore_errors=True)
 
 
-def _child(fn: Callable[[], Any], result_fd: int, timeout_s: float, memory_bytes: int, parent: int) -> None:
+def _child(
+    fn: partial[Any],
+    private_input: bool,
+    private: Path,
+    result_fd: int,
+    timeout_s: float,
+    memory_bytes: int,
+    parent: int,
+) -> None:
     code = 1
     try:
         signal.signal(signal.SIGTERM, signal.SIG_DFL)
@@ -147,6 +183,8 @@ def _child(fn: Callable[[], Any], result_fd: int, timeout_s: float, memory_bytes
         release_inherited(keep=[result_fd])
         # A group of its own: whatever it starts is killed with it (see `_wait`).
         os.setpgid(0, 0)
+        confinement.scrub_environment(private)
+        confinement.restrict_files([Path(fn.args[0])] if private_input else [], private)
         confinement.isolate()
         confinement.forbid_reaching_processes()
         # The child already maps what the worker imported: the memory limit is on top of that.

@@ -5,14 +5,17 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import fcntl
 import logging
 import os
+import resource
 import signal
 import socket
 import subprocess
 import threading
 import time
 from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -21,6 +24,7 @@ from workers import confinement
 from workers.fork_server import ForkServer
 from workers.sandbox import run_limited
 
+F_SETSIG = 10  # Linux: the signal an O_ASYNC descriptor sends its owner
 LIMITS: dict[str, Any] = {"timeout_s": 10.0, "memory_bytes": 1 << 30, "what": "parsing"}
 
 
@@ -36,14 +40,35 @@ def _attempt(action: Callable[[], object]) -> str:
     return "done"
 
 
-def reach(pool: int, pipe: int, port: int) -> dict[str, str]:
+def reach(pool: int, pipe: int, port: int, files: str) -> dict[str, str]:
     """What a hostile parser would try against the pool process `pool`, which holds the write end
-    `pipe` of a pipe and listens on loopback `port`."""
+    `pipe` of a pipe and listens on loopback `port`, and against the worker's `files`: a blob
+    (0600) and its code. None of the attempts changes anything where it succeeds."""
 
     def connect() -> None:
         socket.create_connection(("127.0.0.1", port), timeout=2).close()
 
+    def sigio() -> None:
+        read, write = os.pipe()
+        fcntl.fcntl(read, fcntl.F_SETOWN, pool)
+        fcntl.fcntl(read, F_SETSIG, signal.SIGURG)
+        fcntl.fcntl(read, fcntl.F_SETFL, os.O_ASYNC | os.O_NONBLOCK)
+        os.write(write, b"x")
+
+    def opened(path: str, flags: int) -> Callable[[], None]:
+        return lambda: os.close(os.open(path, flags))
+
     return {
+        "read a blob": _attempt(opened(f"{files}/blob", os.O_RDONLY)),
+        "open its code to write": _attempt(opened(f"{files}/code.py", os.O_WRONLY | os.O_APPEND)),
+        "open a kernel setting to write": _attempt(opened("/proc/sys/kernel/core_pattern", os.O_WRONLY)),
+        "make a file outside": _attempt(opened(f"{files}/new", os.O_WRONLY | os.O_CREAT)),
+        "signal it through SIGIO": _attempt(sigio),
+        "read its limits": _attempt(lambda: resource.prlimit(pool, resource.RLIMIT_CORE)),
+        "renice it (to its own value)": _attempt(
+            lambda: os.setpriority(os.PRIO_PROCESS, pool, os.getpriority(os.PRIO_PROCESS, pool))
+        ),
+        "pin it (to its own cores)": _attempt(lambda: os.sched_setaffinity(pool, os.sched_getaffinity(pool))),
         "reopen its pipe": _attempt(lambda: os.close(os.open(f"/proc/{pool}/fd/{pipe}", os.O_WRONLY))),
         "read its environment": _attempt(lambda: open(f"/proc/{pool}/environ", "rb").close()),
         "read its memory": _attempt(lambda: open(f"/proc/{pool}/mem", "rb").close()),
@@ -54,19 +79,28 @@ def reach(pool: int, pipe: int, port: int) -> dict[str, str]:
     }
 
 
+_URGENT: list[int] = []
+
+
 @pytest.fixture
-def pool() -> Iterator[tuple[int, int, int]]:
+def pool(tmp_path: Path) -> Iterator[tuple[int, int, int, str]]:
     read, write = os.pipe()
     listener = socket.create_server(("127.0.0.1", 0))
+    (tmp_path / "blob").write_bytes(b"a tenant's document")
+    (tmp_path / "blob").chmod(0o600)
+    (tmp_path / "code.py").write_text("WORKER = True\n")
+    _URGENT.clear()
+    previous = signal.signal(signal.SIGURG, lambda *_: _URGENT.append(1))
     try:
-        yield os.getpid(), write, listener.getsockname()[1]
+        yield os.getpid(), write, listener.getsockname()[1], str(tmp_path)
     finally:
+        signal.signal(signal.SIGURG, previous)
         listener.close()
         os.close(read)
         os.close(write)
 
 
-def test_the_pool_process_itself_can_do_all_of_it(pool: tuple[int, int, int]) -> None:
+def test_the_pool_process_itself_can_do_all_of_it(pool: tuple[int, int, int, str]) -> None:
     """The attempts are real: unconfined, each one succeeds."""
     pid = os.fork()
     if pid == 0:
@@ -77,9 +111,17 @@ def test_the_pool_process_itself_can_do_all_of_it(pool: tuple[int, int, int]) ->
             os._exit(code)
     _, status = os.waitpid(pid, 0)
     assert os.waitstatus_to_exitcode(status) == 0
+    _delivered(expected=True)
 
 
-def test_no_parse_process_reaches_the_pool_process_or_the_network(pool: tuple[int, int, int]) -> None:
+def _delivered(*, expected: bool) -> None:
+    deadline = time.monotonic() + (2 if expected else 0.5)
+    while time.monotonic() < deadline and not _URGENT:
+        time.sleep(0.01)
+    assert bool(_URGENT) == expected
+
+
+def test_no_parse_process_reaches_the_pool_process_or_the_network(pool: tuple[int, int, int, str]) -> None:
     lean = ForkServer(_nothing, resident=True)
     full = ForkServer(_nothing)
     try:
@@ -92,7 +134,11 @@ def test_no_parse_process_reaches_the_pool_process_or_the_network(pool: tuple[in
         lean.close()
         full.close()
     for where, outcome in tried.items():
-        assert {what for what, result in outcome.items() if result == "done"} == set(), where
+        # "signal it through SIGIO": the calls succeed, the signal never arrives (below).
+        done = {what for what, result in outcome.items() if result == "done"}
+        assert done <= {"signal it through SIGIO"}, (where, done)
+    _delivered(expected=False)
+    assert not (Path(pool[3]) / "new").exists()
 
 
 def signal_self_and_run_a_program() -> list[str]:

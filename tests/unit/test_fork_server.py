@@ -292,9 +292,17 @@ def test_a_reply_out_of_turn_retires_the_server_and_its_call_runs_in_a_sandbox(r
     assert resident.run(parent_and_self, ("next",), **LIMITS)["pid"] == resident.pid != server
 
 
-def record_pid_then_sleep(folder: str, seconds: float) -> None:
-    (Path(folder) / "sandbox.pid").write_text(str(os.getpid()))
-    time.sleep(seconds)
+def _first_child_of(parent: int) -> list[int]:
+    """The pid of the first child `parent` forks, within 5 s."""
+    deadline = time.monotonic() + 5
+    while time.monotonic() < deadline:
+        for name in os.listdir("/proc"):
+            if name.isdigit():
+                with contextlib.suppress(OSError), open(f"/proc/{name}/stat", encoding="ascii") as stat:
+                    if int(stat.read().rsplit(")", 1)[1].split()[1]) == parent:
+                        return [int(name)]
+        time.sleep(0.01)
+    return []
 
 
 def test_a_sandbox_dies_with_its_server_and_leaves_no_file(
@@ -306,16 +314,20 @@ def test_a_sandbox_dies_with_its_server_and_leaves_no_file(
     results.mkdir()
     monkeypatch.setattr(tempfile, "tempdir", str(results))
     full = ForkServer(_nothing)
+    found: list[int] = []
+    watcher = threading.Thread(target=lambda: found.extend(_first_child_of(full.pid)), daemon=True)
+    watcher.start()
     previous = signal.signal(signal.SIGALRM, _interrupt)
     try:
         signal.setitimer(signal.ITIMER_REAL, 1.0)
         with pytest.raises(_Interrupted):
-            full.run(record_pid_then_sleep, (str(tmp_path), 60), **LIMITS)
+            full.run(sleep, (60,), **LIMITS)
     finally:
         signal.setitimer(signal.ITIMER_REAL, 0)
         signal.signal(signal.SIGALRM, previous)
         full.close()
-    sandbox = int((tmp_path / "sandbox.pid").read_text())
+    watcher.join()
+    (sandbox,) = found
     deadline = time.monotonic() + 10
     while time.monotonic() < deadline and _alive(sandbox):
         time.sleep(0.05)
@@ -369,3 +381,28 @@ def test_a_call_whose_fork_server_dies_is_decided_in_the_time_it_has_left(server
     finally:
         killer.join()
     assert caught.value.code == ErrorCode.TIMEOUT
+
+
+def test_a_reply_has_one_deadline_and_a_size_bound() -> None:
+    """A sender cannot hold the caller by dripping its reply, nor make it buffer without end."""
+    ours, theirs = socket.socketpair()
+    with ours, theirs:
+        frame = _frame(json.dumps({"call": 0, "leaving": False, "reply": ["ok", "x" * 64]}).encode())
+
+        def drip() -> None:
+            with contextlib.suppress(OSError):
+                for byte in frame:
+                    theirs.send(bytes([byte]))
+                    time.sleep(0.1)
+
+        threading.Thread(target=drip, daemon=True).start()
+        ours.settimeout(0.5)  # each piece arrives well within this
+        started = time.monotonic()
+        with pytest.raises(TimeoutError):
+            _receive_reply(ours, 0, time.monotonic() + 1.0)
+        assert time.monotonic() - started < 3
+    ours, theirs = socket.socketpair()
+    with ours, theirs:
+        theirs.sendall(_frame(b"[" * 4096))
+        with pytest.raises(ValueError, match="over 1024"):
+            _receive_reply(ours, 0, time.monotonic() + 5, most=1024)

@@ -24,7 +24,7 @@ import sys
 import tempfile
 import time
 from dataclasses import dataclass
-from functools import lru_cache, partial
+from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
@@ -50,6 +50,8 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 # Kinds whose text is the file itself, so its size bounds the text before any partitioning.
 _PLAIN_KINDS = frozenset({FileKind.TEXT, FileKind.MARKDOWN})
+# First bytes of files the lean server never parses (see `_surely_not_lean`); the longest first.
+_NOT_LEAN_STARTS = (b"%PDF-", b"PK\x03\x04")
 # Kinds Ragline parses with its own code, which a sandbox of the lean fork server can run.
 _LEAN_KINDS = frozenset({FileKind.TEXT, FileKind.MARKDOWN, FileKind.JSON, FileKind.CSV})
 # Attachments left out with a note; any other refusal of an attachment fails its message.
@@ -403,26 +405,40 @@ def _email(path: Path, ocr: bool, limits: ParseSettings, depth: int) -> list[Ele
     return elements
 
 
+def _surely_not_lean(path: Path) -> bool:
+    """A PDF or a ZIP-based document from its first bytes: the lean server would only say so, after
+    its copy of the whole file (see `ForkServer.run`'s `private_input`)."""
+    with path.open("rb") as handle:
+        return handle.read(len(_NOT_LEAN_STARTS[0])).startswith(_NOT_LEAN_STARTS)
+
+
 def _parse_isolated(args: tuple[Any, ...], limits: ParseSettings) -> dict[str, Any]:
-    bounds: dict[str, Any] = {"timeout_s": limits.timeout_s, "memory_bytes": limits.memory_mb << 20}
+    bounds: dict[str, Any] = {
+        "timeout_s": limits.timeout_s,
+        "memory_bytes": limits.memory_mb << 20,
+        "what": "parsing",
+        "private_input": True,  # args[0]: the parse reads the document, and no other file
+    }
     if _fork_servers:
         servers = _fork_servers[0]
         started = time.monotonic()
-        parsed: dict[str, Any] = servers.lean.run(_parse, (*args, True), what="parsing", **bounds)
+        parsed: dict[str, Any] = {"elements": None}
+        if not _surely_not_lean(args[0]):
+            parsed = servers.lean.run(_parse, (*args, True), **bounds)
         if parsed["elements"] is None:
             # One limit for the parse, wherever it runs: the stage's own time limit counts on it.
             bounds["timeout_s"] -= time.monotonic() - started
             if bounds["timeout_s"] <= 0:
                 raise timed_out("parsing", limits.timeout_s)
             try:
-                parsed = servers.full.run(_parse, args, what="parsing", **bounds)
+                parsed = servers.full.run(_parse, args, **bounds)
             except PermanentError as error:
                 if error.code == ErrorCode.TIMEOUT:  # said of what was left: the limit is the whole
                     raise timed_out("parsing", limits.timeout_s) from None
                 raise
         return parsed
     prepare()
-    result: dict[str, Any] = run_limited(partial(_parse, *args), what="parsing", **bounds)
+    result: dict[str, Any] = run_limited(_parse, args=args, **bounds)
     return result
 
 
