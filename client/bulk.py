@@ -236,14 +236,16 @@ def _chunks(remote: Remote, kb: str, report: LoadReport) -> int:
 
 
 def summary_table(report: LoadReport) -> Table:
-    table = Table(title=f"batch {report.batch_id}")
+    table = Table()
     table.add_column("what")
     table.add_column("count", justify="right")
+    table.add_row("batch", report.batch_id)  # a row, not the title: a title wraps to the counts' width
     table.add_row("files", str(report.scanned))
     for name in ("created", "updated", "unchanged", "rejected"):
         table.add_row(name, str(report.outcomes.get(name, 0)))
+    # Of the documents this run sent or waited for: an unchanged one was ready before it.
     for name in ("ready", "failed"):
-        table.add_row(name, str(report.statuses.get(name, 0)))
+        table.add_row(f"{name} (this run)", str(report.statuses.get(name, 0)))
     table.add_row("throttled (429)", str(report.throttled))
     table.add_row("seconds", f"{report.seconds:.1f}")
     return table

@@ -223,7 +223,9 @@ def search(
         {**h, "text": " ".join(h["text"].split())[:100], "score": f"{h['score']:.4f}"}
         for h in result["results"]
     ]
-    _print(result, as_json, ["score", "kb_id", "doc_id", "page_num", "text"], rows)
+    # Pages are a PDF's: a column for them only when a hit has one.
+    paged = any(row.get("page_num") is not None for row in rows)
+    _print(result, as_json, ["score", "kb_id", "doc_id", *(["page_num"] if paged else []), "text"], rows)
 
 
 def ingest(

@@ -177,7 +177,8 @@ def _follow(
         finally:
             remote.close()
         line = _run_line(run)
-        if line != last and not quiet:
+        # The last state is the result's line (`_finish`), on stdout: not twice.
+        if line != last and not quiet and run["status"] not in ENDED:
             typer.echo(line, err=True)
             last = line
     return run
