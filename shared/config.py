@@ -131,6 +131,11 @@ class CelerySettings(_Section):
     max_retries: int = Field(5, ge=0, le=50, description="Retries of a task after transient errors.")
     retry_backoff_max_s: int = Field(300, ge=1, description="Upper bound of the retry backoff.")
     worker_concurrency: int = Field(1, ge=1, le=64, description="Processes per worker.")
+    pin_pool_processes: bool = Field(
+        True,
+        description="Keep each pool process on one core (round robin over the worker's cores), so the "
+        "encoder's caches stay its own; off where an operator places processes on cores.",
+    )
     bulk_queue_depth: int = Field(
         8,
         ge=1,

@@ -9,6 +9,7 @@ import socket
 from typing import Any
 
 import redis
+from billiard.process import current_process
 from celery import Task, shared_task
 from celery.signals import worker_init, worker_process_init, worker_ready, worker_shutdown
 
@@ -21,6 +22,7 @@ from shared.queue import enqueue, redis_client
 from shared.registry import Registry
 from workers import confinement, leader, liveness, metrics
 from workers.context import worker_context
+from workers.cpu_affinity import pin_pool_process
 from workers.failures import is_outage, outage_countdown
 from workers.handover import resend
 from workers.pipeline import STAGES
@@ -103,8 +105,12 @@ def _trace(**_: Any) -> None:
 
 @worker_process_init.connect
 def _warm_up(**_: Any) -> None:
-    """Load parsers and models in each pool process before its first task, not during it."""
+    """Load parsers and models in each pool process before its first task, not during it; then
+    keep it on a core of its own (workers/cpu_affinity.py), once its parse servers are forked."""
     warm_up()
+    if get_settings().celery.pin_pool_processes:
+        core = pin_pool_process(getattr(current_process(), "index", 0))  # billiard sets it
+        log.info("pool process %d on core %s", os.getpid(), core)
 
 
 @shared_task(name="ragline.ping", acks_late=False)
