@@ -49,6 +49,7 @@ from shared.errors import ErrorCode, RaglineError
 from workers import confinement
 from workers.sandbox import (
     SandboxError,
+    describe,
     die_with_parent,
     limit_cpu,
     limit_memory,
@@ -154,7 +155,7 @@ def _reply(payload: dict[str, Any]) -> list[Any]:
 
 
 def _serve(
-    sock: socket.socket, prepare: Callable[[], None], resident: bool, parent: int, private: Path
+    sock: socket.socket, prepare: Callable[[], None], resident: bool, parent: int, private: Path, inbox: Path
 ) -> None:
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
     signal.signal(signal.SIGINT, signal.SIG_DFL)
@@ -167,10 +168,7 @@ def _serve(
     if resident:
         # It parses: confined as a sandbox is, its inputs copied into its directory for each call.
         # (The full server only forks the sandboxes, which confine themselves, each to its input.)
-        confinement.scrub_environment(private)
-        confinement.restrict_files([], private)
-        confinement.isolate()
-        confinement.forbid_reaching_processes()
+        confinement.confine(private, [inbox])
     prepare()
     # What this process holds now stays shared with its parent: the collector never touches it.
     gc.freeze()
@@ -205,6 +203,8 @@ def _serve(
                 ]
             except RaglineError as error:
                 reply = ["error", error.code.value, error.message, getattr(error, "cause", None)]
+            except Exception as error:  # noqa: BLE001  (the server outlives whatever a sandbox did)
+                reply = ["error", ErrorCode.PARSE_ERROR.value, "could not parse the file", describe(error)]
         try:
             _send_reply(sock, call, leaving, reply)
         except OSError:
@@ -251,31 +251,34 @@ class ForkServer:
         self._prepare, self.resident = prepare, resident
         self._sock: socket.socket | None = None
         self.pid = 0
-        self._private: Path | None = None  # a resident server's own directory: its inputs' copies
+        # Its own directory (temporary files), and, for a resident one, the inbox its inputs'
+        # copies come through, which it may read and not write.
+        self._dirs: tuple[Path, Path] | None = None
         self._calls = itertools.count()
         self._start()
 
     def _start(self) -> None:
         ours, theirs = socket.socketpair()
         parent = os.getpid()
-        private = Path(tempfile.mkdtemp(prefix="ragline-parse-server-"))
+        private, inbox = confinement.private_directory("parse"), confinement.private_directory("inbox")
         try:
             pid = os.fork()
         except OSError:
-            shutil.rmtree(private, ignore_errors=True)
+            for directory in (private, inbox):
+                shutil.rmtree(directory, ignore_errors=True)
             raise
         if pid == 0:
             code = 0
             try:
                 ours.close()
-                _serve(theirs, self._prepare, self.resident, parent, private)
+                _serve(theirs, self._prepare, self.resident, parent, private, inbox)
             except BaseException:
                 log.exception("the fork server failed")
                 code = 1
             finally:
                 os._exit(code)
         theirs.close()
-        self._sock, self.pid, self._private = ours, pid, private
+        self._sock, self.pid, self._dirs = ours, pid, (private, inbox)
 
     def run(
         self,
@@ -300,8 +303,9 @@ class ForkServer:
             if self._sock is None:
                 break
             call = next(self._calls)
-            handed = self._handed(args, call) if private_input and self.resident else None
+            handed = None
             try:
+                handed = self._hand_over(args, private_input)
                 wait = timeout_s if self.resident else timeout_s + PARSE_REPLY_GRACE_S
                 self._sock.settimeout(wait)
                 sent = args if handed is None else (handed, *args[1:])
@@ -334,22 +338,18 @@ class ForkServer:
             fn, args=args, private_input=private_input, timeout_s=left, memory_bytes=memory_bytes, what=what
         )
 
-    def _handed(self, args: tuple[Any, ...], call: int) -> Path | None:
-        """The copy of the input a resident server may read: the only file of the worker's it may."""
-        if self._private is None:
+    def _hand_over(self, args: tuple[Any, ...], private_input: bool) -> Path | None:
+        """A resident server's copy of the input, through its inbox; None for the full server,
+        whose sandboxes each get a Landlock rule for the file itself."""
+        if not (private_input and self.resident and self._dirs is not None):
             return None
-        directory = self._private / str(call)
-        directory.mkdir()
-        return confinement.private_copy(Path(args[0]), directory)
+        return confinement.hand_over(Path(args[0]), self._dirs[1])
 
     def close(self) -> None:
         if self._sock is None:
             return
         self._sock.close()
         self._sock = None
-        if self._private is not None:
-            shutil.rmtree(self._private, ignore_errors=True)
-            self._private = None
         with contextlib.suppress(ProcessLookupError):
             os.killpg(self.pid, signal.SIGKILL)  # unreaped, its number is no one else's group
         try:
@@ -357,3 +357,6 @@ class ForkServer:
             os.waitpid(self.pid, 0)
         except (ProcessLookupError, ChildProcessError):
             pass
+        for directory in self._dirs or ():  # once nothing of the server is left to write there
+            shutil.rmtree(directory, ignore_errors=True)
+        self._dirs = None

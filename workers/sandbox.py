@@ -145,7 +145,7 @@ def run_limited(
     """
     parent = os.getpid()
     # The child's own directory (its temporary files, its home), removed whatever it left.
-    private = Path(tempfile.mkdtemp(prefix="ragline-sandbox-"))
+    private = confinement.private_directory("sandbox")
     try:
         # Unnamed (O_TMPFILE where the file system has it, else unlinked at once): the child writes
         # through its copy of the descriptor, the parent reads from the start once it has exited.
@@ -161,7 +161,7 @@ def run_limited(
                     memory_bytes,
                     parent,
                 )
-            return _wait(pid, result, timeout_s, what)
+            return _wait(pid, result, timeout_s, memory_bytes, what)
     finally:
         shutil.rmtree(private, ignore_errors=True)
 
@@ -183,20 +183,30 @@ def _child(
         release_inherited(keep=[result_fd])
         # A group of its own: whatever it starts is killed with it (see `_wait`).
         os.setpgid(0, 0)
-        confinement.scrub_environment(private)
-        confinement.restrict_files([Path(fn.args[0])] if private_input else [], private)
-        confinement.isolate()
-        confinement.forbid_reaching_processes()
+        confinement.confine(private, [Path(fn.args[0])] if private_input else [])
         # The child already maps what the worker imported: the memory limit is on top of that.
         limit_memory(virtual_memory_bytes() + memory_bytes, hard=True)
         cpu = int(timeout_s) + 1
         resource.setrlimit(resource.RLIMIT_CPU, (cpu, cpu + 1))
+        # No file it writes, its result among them, is larger than the memory it may use.
+        resource.setrlimit(resource.RLIMIT_FSIZE, (memory_bytes, memory_bytes))
         payload = outcome(fn)
-        with os.fdopen(result_fd, "w", encoding="utf-8", closefd=False) as out:
-            json.dump(payload, out)  # in pieces: a large result never needs its whole text at once
+        _write_result(result_fd, payload)
         code = 0
     finally:
         os._exit(code)
+
+
+def _write_result(result_fd: int, payload: dict[str, Any]) -> None:
+    # Past RLIMIT_FSIZE a write fails (EFBIG) rather than the signal ending the process unheard.
+    signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+    try:
+        with os.fdopen(result_fd, "w", encoding="utf-8", closefd=False) as out:
+            json.dump(payload, out)  # in pieces: a large result never needs its whole text at once
+    except OSError:
+        os.ftruncate(result_fd, 0)
+        too_large = {"error": ErrorCode.TOO_LARGE.value, "message": "the parsed text is larger than allowed"}
+        os.pwrite(result_fd, json.dumps(too_large).encode(), 0)
 
 
 def outcome(fn: Callable[[], Any]) -> dict[str, Any]:
@@ -227,7 +237,7 @@ def outcome(fn: Callable[[], Any]) -> dict[str, Any]:
     return payload
 
 
-def _wait(pid: int, result: TextIO, timeout_s: float, what: str) -> Any:
+def _wait(pid: int, result: TextIO, timeout_s: float, memory_bytes: int, what: str) -> Any:
     # A pidfd becomes readable the moment the child exits: no polling interval is added to
     # every parse, where a poll would be a large share of a small document's parse stage.
     pidfd = os.pidfd_open(pid)
@@ -249,11 +259,26 @@ def _wait(pid: int, result: TextIO, timeout_s: float, what: str) -> Any:
         sig = os.WTERMSIG(status)
         reason = "CPU time limit" if sig == signal.SIGXCPU else f"signal {sig}"
         raise PermanentError(f"{what} was stopped ({reason})", code=ErrorCode.PARSE_ERROR)
+    if os.fstat(result.fileno()).st_size > memory_bytes:  # never read whole what could not be
+        raise PermanentError(f"{what} gave a result larger than its memory", code=ErrorCode.TOO_LARGE)
     try:
         result.seek(0)
         payload = json.load(result)
     except (OSError, ValueError):
         raise PermanentError(f"{what} ended without a result", code=ErrorCode.PARSE_ERROR) from None
-    if "error" in payload:
+    return _payload(payload, what)
+
+
+def _payload(payload: Any, what: str) -> Any:
+    """The result a child wrote, or its failure; anything else it wrote is its failure too."""
+    codes = {code.value for code in ErrorCode}
+    if isinstance(payload, dict) and "ok" in payload:
+        return payload["ok"]
+    if (
+        isinstance(payload, dict)
+        and payload.get("error") in codes
+        and isinstance(payload.get("message"), str)
+        and isinstance(payload.get("cause"), str | None)
+    ):
         raise SandboxError(payload["message"], code=ErrorCode(payload["error"]), cause=payload.get("cause"))
-    return payload["ok"]
+    raise PermanentError(f"{what} ended without a result", code=ErrorCode.PARSE_ERROR)

@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import time
+from functools import partial
 
 import pytest
 
 from shared.errors import ErrorCode, PermanentError
-from workers.sandbox import CAUSE_CHARS, SandboxError, run_limited
+from workers.sandbox import CAUSE_CHARS, SandboxError, _payload, run_limited
 
 
 def test_result_comes_back() -> None:
@@ -48,3 +49,24 @@ def test_a_long_message_is_cut_in_the_cause() -> None:
         run_limited(lambda: int("9" * 5000, 2), timeout_s=10, memory_bytes=1 << 30, what="parsing")
     assert caught.value.cause is not None
     assert len(caught.value.cause) < CAUSE_CHARS + 200
+
+
+def escaped_text(mib: int) -> list[str]:
+    return ["\x01" * 1024] * (mib << 10)  # six bytes a character in JSON, written piece by piece
+
+
+def test_a_result_larger_than_the_memory_allowed_is_refused_not_read() -> None:
+    with pytest.raises(PermanentError) as caught:
+        run_limited(partial(escaped_text, 12), timeout_s=30, memory_bytes=64 << 20, what="parsing")
+    assert caught.value.code == ErrorCode.TOO_LARGE
+
+
+@pytest.mark.parametrize(
+    "written",
+    [{"error": "NOT_A_CODE", "message": "x"}, {"error": "PARSE_ERROR"}, ["ok", 1], "ok", {"message": "x"}],
+)
+def test_a_result_of_any_other_shape_is_a_parse_error(written: object) -> None:
+    with pytest.raises(PermanentError) as caught:
+        _payload(written, "parsing")
+    assert caught.value.code == ErrorCode.PARSE_ERROR
+    assert caught.value.message == "parsing ended without a result"

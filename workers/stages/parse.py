@@ -31,6 +31,7 @@ from typing import Any
 from shared.config import ParseSettings
 from shared.errors import ErrorCode, PermanentError
 from shared.models import Document
+from workers import confinement
 from workers.context import WorkerContext
 from workers.fork_server import ForkServer
 from workers.guards import check_archive, check_html, check_pdf, without_harmless_doctype
@@ -124,6 +125,7 @@ def _prepare_without_torch() -> None:
 def start_fork_server() -> None:
     """Fork the processes that fork the parse sandboxes; call before loading any model."""
     if not _fork_servers:
+        confinement.sweep_private_directories()  # those of a pool process killed mid-parse
         # The lean one first: forked before the other's parsers are imported, it stays small.
         lean = ForkServer(_preload_nothing, resident=True)
         _fork_servers.append(_ForkServers(lean, ForkServer(_prepare_without_torch)))
