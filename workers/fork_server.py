@@ -173,6 +173,7 @@ def _serve(
     # What this process holds now stays shared with its parent: the collector never touches it.
     gc.freeze()
     started_with = _resident_bytes(), virtual_memory_bytes()
+    held_at_start = _held()
     while True:
         try:
             call, fn, args, timeout_s, memory_bytes, what, private_input = _receive_call(sock)
@@ -185,8 +186,10 @@ def _serve(
                 _send_reply(sock, call, True, ["again"])
                 return
             payload = _run_resident(fn, args, timeout_s, memory_bytes)
-            # A call that ran out of memory may have left the heap fragmented or half-freed.
-            leaving = str(payload.get("cause", "")).startswith("MemoryError")
+            # A call that ran out of memory may have left the heap fragmented or half-freed; one
+            # that left something running (a thread, a child) or shared memory behind would
+            # carry it into the next document's call.
+            leaving = str(payload.get("cause", "")).startswith("MemoryError") or _left_behind(held_at_start)
             reply = _reply(payload)
         else:
             try:
@@ -229,6 +232,32 @@ def _run_resident(
         limit_cpu(int(used.ru_utime + used.ru_stime + timeout_s) + 1)
         limit_memory(virtual_memory_bytes() + memory_bytes, hard=False)
         return outcome(partial(fn, *args))
+
+
+def _left_behind(held_at_start: tuple[int, int]) -> bool:
+    """Whether this process runs a thread or a child besides itself, or holds more descriptors
+    (a memfd among them) or mapped shared memory than when it started serving."""
+    threads = os.listdir("/proc/self/task")
+    if len(threads) > 1:
+        return True
+    try:
+        with open(f"/proc/self/task/{threads[0]}/children", encoding="ascii") as children:
+            if children.read().strip():
+                return True
+    except FileNotFoundError:  # a kernel without CONFIG_PROC_CHILDREN: the group kill still holds
+        pass
+    descriptors, shared = _held()
+    return descriptors > held_at_start[0] or shared > held_at_start[1]
+
+
+def _held() -> tuple[int, int]:
+    """Open descriptors, and mapped shared memory in bytes."""
+    shared = 0
+    with open("/proc/self/status", encoding="ascii") as status:
+        for line in status:
+            if line.startswith("RssShmem:"):
+                shared = int(line.split()[1]) * 1024
+    return len(os.listdir("/proc/self/fd")), shared
 
 
 def _grown(started_with: tuple[int, int]) -> bool:

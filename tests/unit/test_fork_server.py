@@ -406,3 +406,23 @@ def test_a_reply_has_one_deadline_and_a_size_bound() -> None:
         theirs.sendall(_frame(b"[" * 4096))
         with pytest.raises(ValueError, match="over 1024"):
             _receive_reply(ours, 0, time.monotonic() + 5, most=1024)
+
+
+def leave_behind(what: str) -> int:
+    """A call that leaves something running, or shared memory held, for the next document's call."""
+    if what == "thread":
+        threading.Thread(target=time.sleep, args=(60,), daemon=True).start()
+    elif what == "child":
+        subprocess.Popen(["sleep", "60"])
+    elif what == "shared memory":
+        shared = os.memfd_create("kept")
+        os.write(shared, b"x" * (4 << 20))
+    return os.getpid()
+
+
+@pytest.mark.parametrize("what", ["thread", "child", "shared memory"])
+def test_a_resident_server_that_a_call_left_something_in_is_replaced(resident: ForkServer, what: str) -> None:
+    first = resident.run(leave_behind, (what,), **LIMITS)
+    second = resident.run(leave_behind, ("nothing",), **LIMITS)
+    assert first != second  # the next call ran in a fresh server
+    assert resident.run(leave_behind, ("nothing",), **LIMITS) == second  # which stays
