@@ -133,8 +133,8 @@ class CelerySettings(_Section):
     worker_concurrency: int = Field(1, ge=1, le=64, description="Processes per worker.")
     pin_pool_processes: bool = Field(
         True,
-        description="Keep each pool process on one core (round robin over the worker's cores), so the "
-        "encoder's caches stay its own; off where an operator places processes on cores.",
+        description="Keep each pool process on one core (the one the fewest processes of the machine are "
+        "pinned to), so the encoder's caches stay its own; off where an operator places processes on cores.",
     )
     bulk_queue_depth: int = Field(
         8,

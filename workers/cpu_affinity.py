@@ -6,22 +6,48 @@ costs more CPU a chunk than it does alone: on the 2-core dev machine a process w
 the same core added 9 % to the encoder's CPU a chunk, the same process on the other core 2 %.
 Pinned, a pool process keeps its core, and the scheduler runs the services on the others beside
 it rather than between its batches. The parse servers are forked before, and stay free.
+
+A pool process takes the core the fewest processes are pinned to, across every worker on the
+machine (two worker hosts on one machine must not both take the first core); a lock makes the
+choices one at a time.
 """
 
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import os
+import tempfile
+from collections import Counter
+from pathlib import Path
+
+LOCK = Path(tempfile.gettempdir()) / "ragline-cpu-affinity.lock"
 
 
-def pin_pool_process(index: int) -> int | None:
-    """Pin every thread of this process to core `index` (round robin over the cores it may run
-    on); the core, or None where there is only one."""
+def pin_pool_process() -> int | None:
+    """Pin every thread of this process to the least taken of the cores it may run on; the core,
+    or None where there is only one."""
     cores = sorted(os.sched_getaffinity(0))
     if len(cores) < 2:
         return None
-    core = cores[index % len(cores)]
-    for thread in os.listdir("/proc/self/task"):
-        with contextlib.suppress(OSError):  # a thread that ended meanwhile
-            os.sched_setaffinity(int(thread), {core})
+    with LOCK.open("a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        taken = pinned_processes()
+        core = min(cores, key=lambda c: (taken[c], c))
+        for thread in os.listdir("/proc/self/task"):
+            with contextlib.suppress(OSError):  # a thread that ended meanwhile
+                os.sched_setaffinity(int(thread), {core})
     return core
+
+
+def pinned_processes() -> Counter[int]:
+    """How many processes of the machine are pinned to each single core."""
+    counts: Counter[int] = Counter()
+    for name in os.listdir("/proc"):
+        if not name.isdigit():
+            continue
+        with contextlib.suppress(OSError, ValueError):
+            allowed = os.sched_getaffinity(int(name))
+            if len(allowed) == 1:
+                counts[next(iter(allowed))] += 1
+    return counts

@@ -9,7 +9,6 @@ import socket
 from typing import Any
 
 import redis
-from billiard.process import current_process
 from celery import Task, shared_task
 from celery.signals import worker_init, worker_process_init, worker_ready, worker_shutdown
 
@@ -109,7 +108,7 @@ def _warm_up(**_: Any) -> None:
     keep it on a core of its own (workers/cpu_affinity.py), once its parse servers are forked."""
     warm_up()
     if get_settings().celery.pin_pool_processes:
-        core = pin_pool_process(getattr(current_process(), "index", 0))  # billiard sets it
+        core = pin_pool_process()
         log.info("pool process %d on core %s", os.getpid(), core)
 
 

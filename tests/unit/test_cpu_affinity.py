@@ -1,14 +1,16 @@
-"""Pool processes are spread over the cores, one each, every thread of theirs with them."""
+"""A pool process takes the least taken core of the machine, every thread of its with it."""
 
 from __future__ import annotations
 
 import os
 import threading
+from collections.abc import Callable
 
-from workers.cpu_affinity import pin_pool_process
+from workers.cpu_affinity import pin_pool_process, pinned_processes
 
 
-def _pinned_in_child(index: int) -> tuple[int | None, set[int], set[int]]:
+def _in_child(pin: Callable[[], object]) -> tuple[int, str]:
+    """Fork a process that pins itself with `pin` and stays pinned; its pid and what it reported."""
     read, write = os.pipe()
     pid = os.fork()
     if pid == 0:
@@ -17,27 +19,36 @@ def _pinned_in_child(index: int) -> tuple[int | None, set[int], set[int]]:
             stop = threading.Event()
             helper = threading.Thread(target=stop.wait, daemon=True)
             helper.start()
-            core = pin_pool_process(index)
-            mine = os.sched_getaffinity(0)
-            theirs = os.sched_getaffinity(helper.native_id or 0)
-            os.write(write, repr((core, mine, theirs)).encode())
-            stop.set()
+            core = pin()
+            report = (core, os.sched_getaffinity(0), os.sched_getaffinity(helper.native_id or 0))
+            os.write(write, repr(report).encode() + b"\n")
+            stop.wait(60)  # killed by the test before that
             code = 0
         finally:
             os._exit(code)
     os.close(write)
     with os.fdopen(read) as answer:
-        text = answer.read()
-    os.waitpid(pid, 0)
-    core, mine, theirs = eval(text)  # noqa: S307  (our own child's repr of ints and sets)
-    return core, mine, theirs
+        return pid, answer.readline()
 
 
-def test_each_pool_process_gets_the_next_core_and_its_threads_follow() -> None:
+def test_a_pool_process_takes_the_least_taken_core_and_its_threads_follow() -> None:
+    """Another worker's pool process already holds the first core (two worker hosts on one
+    machine): the new one takes another."""
     cores = sorted(os.sched_getaffinity(0))
     assert len(cores) >= 2, "the test needs a machine of two cores or more"
-    for index in range(len(cores) + 1):
-        core, mine, theirs = _pinned_in_child(index)
-        assert core == cores[index % len(cores)]
+    children = []
+    try:
+        neighbour, _ = _in_child(lambda: os.sched_setaffinity(0, {cores[0]}))
+        children.append(neighbour)
+        taken = pinned_processes()
+        pool, report = _in_child(pin_pool_process)
+        children.append(pool)
+        core, mine, theirs = eval(report)  # noqa: S307  (our own child's repr of ints and sets)
         assert mine == theirs == {core}
+        assert all(taken[core] <= taken[c] for c in cores)
+        assert taken[cores[0]] >= 1
+    finally:
+        for pid in children:
+            os.kill(pid, 9)
+            os.waitpid(pid, 0)
     assert os.sched_getaffinity(0) == set(cores)  # the caller itself is left as it was
