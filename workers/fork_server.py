@@ -166,7 +166,7 @@ def _serve(
     # Its sandboxes' directories in its own, which its caller removes whatever way it ends.
     tempfile.tempdir = str(private)
     if resident:
-        # It parses: confined as a sandbox is, its inputs copied into its directory for each call.
+        # It parses: confined as a sandbox is, its inputs copied in through the inbox, read-only.
         # (The full server only forks the sandboxes, which confine themselves, each to its input.)
         confinement.confine(private, [inbox])
     prepare()
