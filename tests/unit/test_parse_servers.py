@@ -16,6 +16,7 @@ from shared.errors import ErrorCode, PermanentError
 from shared.models import Document
 from workers.context import WorkerContext
 from workers.fork_server import ForkServer
+from workers.sandbox import run_limited
 from workers.stages import parse
 
 
@@ -137,3 +138,34 @@ def test_a_parse_has_one_time_limit_across_both_servers(
         parse._parse_isolated((path, path.name, limits, False), limits)
     assert caught.value.code == ErrorCode.TIMEOUT
     assert "longer than 2 s" in caught.value.message
+
+
+_JITTED = """
+from numba import njit
+
+@njit(cache=True)
+def twice(x):
+    return 2 * x
+"""
+
+
+def call_jitted() -> int:
+    import jitted_for_test  # type: ignore[import-not-found]
+
+    return int(jitted_for_test.twice(21))
+
+
+def test_a_confined_parse_compiles_numba_functions_it_may_not_cache(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """unstructured's layout code caches numba's compiled functions beside its code, where a
+    confined parse may not write: on a fresh install every PDF failed. The module is imported
+    before the fork, as the full server imports unstructured, so numba chose its cache there."""
+    (tmp_path / "jitted_for_test.py").write_text(_JITTED)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    import jitted_for_test  # noqa: F401
+
+    parse.keep_numba_caches_in_memory()
+    limits: dict[str, Any] = {"timeout_s": 60.0, "memory_bytes": 1 << 30, "what": "parsing"}
+    assert run_limited(call_jitted, **limits) == 42
+    assert not list((tmp_path / "__pycache__").glob("*.nbi"))  # nothing was written there

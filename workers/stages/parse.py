@@ -13,6 +13,7 @@ it missed; Markdown by its own markup (workers/stages/markdown_text.py).
 
 from __future__ import annotations
 
+import contextlib
 import csv
 import io
 import json
@@ -23,6 +24,7 @@ import shutil
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
@@ -72,9 +74,32 @@ LONG_PDF_PAGES = 50
 LANGUAGES = ["eng"]
 
 
+def keep_numba_caches_in_memory() -> None:
+    """unstructured's layout code compiles with numba's `cache=True`, which saves the compiled
+    function beside the library's code the first time. A confined parse may not write there
+    (Landlock: and it must not, or it could plant code for the next one), so on a fresh install
+    every PDF failed with PermissionError. A save refused that way now leaves the compiled
+    function in memory only, as numba does on Windows for the same error."""
+    try:
+        from numba.core import caching
+    except ImportError:
+        return
+    save: Callable[..., None] = caching.Cache.save_overload
+    if getattr(save, "keeps_in_memory", False):
+        return
+
+    def save_or_keep(self: Any, sig: Any, data: Any) -> None:
+        with contextlib.suppress(PermissionError):
+            save(self, sig, data)
+
+    save_or_keep.keeps_in_memory = True  # type: ignore[attr-defined]
+    caching.Cache.save_overload = save_or_keep  # type: ignore[method-assign]
+
+
 @lru_cache(maxsize=1)
 def prepare() -> None:
     """Import every partitioner once in the worker, so a forked parse maps no new libraries."""
+    keep_numba_caches_in_memory()
     # unstructured loads spaCy's en_core_web_sm and tries to download it; offline, PDF "fast"
     # then silently yields nothing. Point it at the model installed from PyPI instead.
     from unstructured.nlp import tokenize
