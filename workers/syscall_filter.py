@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import ctypes
 import platform
-from dataclasses import dataclass
 
 _PR_SET_NO_NEW_PRIVS = 38
 _PR_SET_SECCOMP = 22
@@ -56,45 +55,50 @@ _SOCKET_FAMILIES = (1, 2, 10)  # AF_UNIX, AF_INET, AF_INET6
 _SIGNALLING_FCNTL = (8, 10, 15)  # F_SETOWN, F_SETSIG, F_SETOWN_EX
 
 
-@dataclass(frozen=True)
-class _Calls:
-    """One architecture's audit number and call numbers."""
-
-    audit: int
-    signals: tuple[int, ...]  # kill, tkill, tgkill, rt_sigqueueinfo, rt_tgsigqueueinfo
-    self_or_zero: tuple[int, ...]  # prlimit64, sched_setparam/scheduler/affinity/attr, migrate/move_pages
-    never: tuple[int, ...]
-    socket: int
-    fcntl: int
-    clone: int
-    clone3: int
-
-
-# The new mount API (open_tree .. fsmount, 428-432) and pidfd calls have one number everywhere.
-_COMMON_NEVER = (424, 428, 429, 430, 431, 432, 434, 438)
-_ARCHITECTURES = {
-    "x86_64": _Calls(
-        audit=0xC000003E,
-        signals=(62, 200, 234, 129, 297),
-        self_or_zero=(302, 142, 144, 203, 314, 256, 279),
-        # setpriority, ioprio_set, ptrace, setpgid, setsid, process_vm_readv/writev, kcmp,
-        # unshare, setns, mount, truncate
-        never=(141, 251, 101, 109, 112, 310, 311, 312, 272, 308, 165, 76, *_COMMON_NEVER),
-        socket=41,
-        fcntl=72,
-        clone=56,
-        clone3=435,
-    ),
-    "aarch64": _Calls(
-        audit=0xC00000B7,
-        signals=(129, 130, 131, 138, 240),
-        self_or_zero=(261, 118, 119, 122, 274, 238, 239),
-        never=(140, 30, 117, 154, 157, 270, 271, 272, 97, 268, 40, 45, *_COMMON_NEVER),
-        socket=198,
-        fcntl=25,
-        clone=220,
-        clone3=435,
-    ),
+# The architectures the filter knows: their audit numbers, and the column of each in _CALLS.
+_ARCHITECTURES = {"x86_64": (0xC000003E, 0), "aarch64": (0xC00000B7, 1)}
+# Each guarded call: what decides it (a label of `program`), its number on x86_64, on aarch64.
+_CALLS = {
+    # Signals: to itself only, where Landlock does not already keep them inside.
+    "kill": ("self", 62, 129),
+    "tkill": ("self", 200, 130),
+    "tgkill": ("self", 234, 131),
+    "rt_sigqueueinfo": ("self", 129, 138),
+    "rt_tgsigqueueinfo": ("self", 297, 240),
+    # Another process's limits, scheduling and pages: 0 or its own pid only.
+    "prlimit64": ("self_or_zero", 302, 261),
+    "sched_setparam": ("self_or_zero", 142, 118),
+    "sched_setscheduler": ("self_or_zero", 144, 119),
+    "sched_setaffinity": ("self_or_zero", 203, 122),
+    "sched_setattr": ("self_or_zero", 314, 274),
+    "migrate_pages": ("self_or_zero", 256, 238),
+    "move_pages": ("self_or_zero", 279, 239),
+    # Never.
+    "setpriority": ("refuse", 141, 140),
+    "ioprio_set": ("refuse", 251, 30),
+    "ptrace": ("refuse", 101, 117),
+    "setpgid": ("refuse", 109, 154),
+    "setsid": ("refuse", 112, 157),
+    "process_vm_readv": ("refuse", 310, 270),
+    "process_vm_writev": ("refuse", 311, 271),
+    "kcmp": ("refuse", 312, 272),
+    "unshare": ("refuse", 272, 97),
+    "setns": ("refuse", 308, 268),
+    "mount": ("refuse", 165, 40),
+    "truncate": ("refuse", 76, 45),
+    "pidfd_send_signal": ("refuse", 424, 424),
+    "open_tree": ("refuse", 428, 428),
+    "move_mount": ("refuse", 429, 429),
+    "fsopen": ("refuse", 430, 430),
+    "fsconfig": ("refuse", 431, 431),
+    "fsmount": ("refuse", 432, 432),
+    "pidfd_open": ("refuse", 434, 434),
+    "pidfd_getfd": ("refuse", 438, 438),
+    # Decided by an argument.
+    "socket": ("socket", 41, 198),
+    "fcntl": ("fcntl", 72, 25),
+    "clone": ("clone", 56, 220),
+    "clone3": ("no_such_call", 435, 435),
 }
 
 
@@ -142,21 +146,17 @@ class _Assembler:
         return [(c, offset(i, t), offset(i, f), k) for i, (c, t, f, k) in enumerate(self._code)]
 
 
-def program(calls: _Calls, pid: int, *, signals_scoped: bool) -> list[tuple[int, int, int, int]]:
-    """The filter as (code, jump if true, jump if false, constant) instructions."""
+def program(machine: str, pid: int, *, signals_scoped: bool) -> list[tuple[int, int, int, int]]:
+    """The filter for `machine` as (code, jump if true, jump if false, constant) instructions."""
+    audit, column = _ARCHITECTURES[machine]
     asm = _Assembler()
     asm.load(_ARCHITECTURE)
-    asm.emit(_JUMP_IF_EQUAL, calls.audit, false="kill")
+    asm.emit(_JUMP_IF_EQUAL, audit, false="kill")
     asm.load(_SYSCALL_NUMBER)
     asm.emit(_JUMP_IF_AT_LEAST, _X32_SYSCALLS, true="kill")
-    routes: list[tuple[int, str]] = [(n, "self_or_zero") for n in calls.self_or_zero]
-    routes += [(n, "refuse") for n in calls.never]
-    routes += [(calls.socket, "socket"), (calls.fcntl, "fcntl"), (calls.clone, "clone")]
-    routes.append((calls.clone3, "no_such_call"))
-    if not signals_scoped:
-        routes += [(n, "self") for n in calls.signals]
-    for number, label in routes:
-        asm.emit(_JUMP_IF_EQUAL, number, true=label)
+    for route, *numbers in _CALLS.values():
+        if route != "self" or not signals_scoped:
+            asm.emit(_JUMP_IF_EQUAL, numbers[column], true=route)
     asm.ret(_ALLOW)
     asm.label("self_or_zero")
     asm.load(_argument(0))
@@ -192,10 +192,9 @@ def install(pid: int, *, signals_scoped: bool) -> bool:
     """Install the filter on this process (`pid`) and what it forks; False on an architecture it
     does not know. `signals_scoped`: Landlock keeps signals inside already, so a parse may signal
     the processes it started (a converter it waits for with a timeout)."""
-    calls = _ARCHITECTURES.get(platform.machine())
-    if calls is None:
+    if platform.machine() not in _ARCHITECTURES:
         return False
-    ops = program(calls, pid, signals_scoped=signals_scoped)
+    ops = program(platform.machine(), pid, signals_scoped=signals_scoped)
     instructions = (_Instruction * len(ops))(*(_Instruction(*op) for op in ops))
     fprog = _Program(len(ops), instructions)
     libc = ctypes.CDLL(None, use_errno=True)
