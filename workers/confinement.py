@@ -53,9 +53,7 @@ _LAST_CAPABILITY = 63
 
 
 class _State:
-    # Inherited by forks.
-    isolated = False
-    warned: ClassVar[set[str]] = set()
+    warned: ClassVar[set[str]] = set()  # what this process (and so what it forks) warned about
 
 
 def _libc() -> ctypes.CDLL:
@@ -85,9 +83,7 @@ def confine(private: Path, readable: list[Path]) -> None:
 
 def isolate() -> bool:
     """Move this process into user and network namespaces of its own; False where the system
-    refuses. A process that isolated itself passes it on to what it forks."""
-    if _State.isolated:
-        return True
+    refuses."""
     libc = _libc()
     libc.prctl(_PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0)
     if libc.unshare(_CLONE_NEWUSER | _CLONE_NEWNET) != 0:
@@ -97,7 +93,6 @@ def isolate() -> bool:
             "could reach the worker's descriptors"
         )
         return False
-    _State.isolated = True
     return True
 
 
