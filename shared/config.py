@@ -246,7 +246,12 @@ class ParseSettings(_Section):
     """Limits of the isolated parser: a hostile file fails its document, never the worker."""
 
     timeout_s: float = Field(120.0, gt=0, le=3600, description="Wall-clock limit of one parse.")
-    memory_mb: int = Field(2048, ge=128, le=65536, description="Extra memory a parse may map.")
+    memory_mb: int = Field(
+        2048,
+        ge=128,
+        le=65536,
+        description="Extra memory a parse may map; also the most its temporary files may hold (in memory).",
+    )
     max_text_chars: int = Field(
         20_000_000, ge=1000, description="Most characters of text one document may expand to."
     )

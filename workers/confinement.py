@@ -8,13 +8,16 @@ Redis and OpenSearch on loopback, signal, renice or limit the worker's processes
 tenant's blobs and the key file, and write the worker's code and kernel settings. So every parse
 process is confined in layers, each of which holds where the others are refused:
 
-- Landlock (workers/landlock.py): it reads the interpreter, the system's libraries and settings,
-  the code it runs and its input, and writes only its private directory (temporary files, the
-  home), which its caller removes. The same domain keeps signals (kill, SIGIO) and abstract Unix
-  sockets inside it, and refuses TCP.
-- `isolate()`: its own user and network namespaces (with `no_new_privs`): it holds no capability
-  over the rest of the system, so the kernel refuses it another process's descriptors, memory and
-  environment, and its only network interface is a loopback that leads nowhere.
+- Landlock (workers/landlock.py), set after the namespaces (it would refuse their id maps): it
+  reads the interpreter, the system's libraries and settings, the code it runs and its input, and
+  writes only its private directory (temporary files, the home), which its caller removes. The
+  same domain keeps signals (kill, SIGIO) and abstract Unix sockets inside it, and refuses TCP.
+- `isolate()`: its own user, network and mount namespaces (with `no_new_privs`): it holds no
+  capability over the rest of the system, so the kernel refuses it another process's descriptors,
+  memory and environment, and its only network interface is a loopback that leads nowhere.
+- `hold_scratch()`: its private directory is a file system in memory of its own, as large as the
+  memory it may use: what it writes there never reaches the worker's disk, and it cannot fill it
+  (a file's size alone is bounded by RLIMIT_FSIZE; their number was not).
 - `drop_capabilities()`: not even the capabilities its own namespace gave it.
 - A seccomp filter (workers/syscall_filter.py): no call that acts on another process by its
   number, creates namespaces, opens netlink, packet or vsock sockets, or leaves the process group
@@ -27,6 +30,7 @@ process is confined in layers, each of which holds where the others are refused:
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import logging
 import os
@@ -42,8 +46,10 @@ from workers import landlock, syscall_filter
 log = logging.getLogger(__name__)
 
 _SECRET_NAMES = re.compile(r"^(RAGLINE_|AWS_)|PASS|SECRET|TOKEN|KEY|CRED|AUTH", re.IGNORECASE)
+_CLONE_NEWNS = 0x00020000
 _CLONE_NEWUSER = 0x10000000
 _CLONE_NEWNET = 0x40000000
+_MS_NOSUID, _MS_NODEV, _MS_NOEXEC, _MS_REC, _MS_PRIVATE = 0x2, 0x4, 0x8, 0x4000, 0x40000
 _PR_SET_DUMPABLE = 4
 _PR_CAPBSET_DROP = 24
 _PR_SET_NO_NEW_PRIVS = 38
@@ -66,15 +72,17 @@ def _warn_once(message: str) -> None:
         log.warning(message)
 
 
-def confine(private: Path, readable: list[Path]) -> None:
+def confine(private: Path, readable: list[Path], scratch_bytes: int) -> None:
     """Every layer, in order, on this freshly forked, single-threaded process: it reads what
-    Landlock allows and `readable`, writes beneath `private`, which also holds its temporary
-    files and home. A layer the system refuses is warned about once; the others still hold."""
+    Landlock allows and `readable`, writes beneath `private` (at most `scratch_bytes`), which also
+    holds its temporary files and home. A layer the system refuses is warned about once; the
+    others still hold."""
     scrub_environment(private)
+    if isolate():
+        hold_scratch(private, scratch_bytes)
     abi = landlock.restrict(readable, private)
     if abi == 0:
         _warn_once("parse processes cannot be kept from the worker's files (no Landlock in this kernel)")
-    isolate()
     drop_capabilities()
     scoped = abi >= landlock.SIGNALS_SCOPED_FROM
     if not syscall_filter.install(os.getpid(), signals_scoped=scoped):
@@ -82,18 +90,58 @@ def confine(private: Path, readable: list[Path]) -> None:
 
 
 def isolate() -> bool:
-    """Move this process into user and network namespaces of its own; False where the system
-    refuses."""
+    """Move this process into user, network and mount namespaces of its own, as the same user and
+    group inside as outside; False where the system refuses."""
     libc = _libc()
     libc.prctl(_PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0)
-    if libc.unshare(_CLONE_NEWUSER | _CLONE_NEWNET) != 0:
+    uid, gid = os.getuid(), os.getgid()
+    if libc.unshare(_CLONE_NEWUSER | _CLONE_NEWNET | _CLONE_NEWNS) != 0:
         _warn_once(
             "parse processes cannot have namespaces of their own "
             f"({os.strerror(ctypes.get_errno())}): as root, a parser taken over by a hostile file "
             "could reach the worker's descriptors"
         )
         return False
+    # Its own ids only, which any user may map (groups it may not drop are refused first): a file
+    # system of the namespace (its scratch) takes files only from users mapped in it.
+    with contextlib.suppress(OSError):
+        for name, value in (
+            ("setgroups", "deny"),
+            ("uid_map", f"{uid} {uid} 1"),
+            ("gid_map", f"{gid} {gid} 1"),
+        ):
+            with open(f"/proc/self/{name}", "w", encoding="ascii") as proc:
+                proc.write(value)
     return True
+
+
+def hold_scratch(private: Path, limit_bytes: int) -> bool:
+    """Mount a file system in memory of `limit_bytes` on `private`, seen by this process and its
+    children only: nothing written there runs, outlives them or reaches the disk. False (with a
+    warning) where the system refuses; `private` is then the directory on disk."""
+    libc = _libc()
+    options = f"size={limit_bytes},mode=0700".encode()
+    flags = _MS_NOSUID | _MS_NODEV | _MS_NOEXEC
+    # Private first: a mount on a shared tree would show in the worker's namespace too.
+    if (
+        libc.mount(None, b"/", None, _MS_REC | _MS_PRIVATE, None) != 0
+        or libc.mount(b"tmpfs", bytes(private), b"tmpfs", flags, options) != 0
+    ):
+        _unbounded_scratch(os.strerror(ctypes.get_errno()))
+        return False
+    probe = private / ".probe"
+    try:
+        os.close(os.open(probe, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600))
+        probe.unlink()
+    except OSError as error:  # its user is not mapped in the namespace: it could write nothing
+        libc.umount2(bytes(private), 0)
+        _unbounded_scratch(error.strerror or "")
+        return False
+    return True
+
+
+def _unbounded_scratch(reason: str) -> None:
+    _warn_once(f"parse processes write their temporary files to the disk, without a bound ({reason})")
 
 
 class _CapHeader(ctypes.Structure):

@@ -44,7 +44,7 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
-from shared.config import PARSE_REPLY_GRACE_S
+from shared.config import PARSE_REPLY_GRACE_S, get_settings
 from shared.errors import ErrorCode, RaglineError
 from workers import confinement
 from workers.sandbox import (
@@ -155,7 +155,12 @@ def _reply(payload: dict[str, Any]) -> list[Any]:
 
 
 def _serve(
-    sock: socket.socket, prepare: Callable[[], None], resident: bool, parent: int, private: Path, inbox: Path
+    sock: socket.socket,
+    prepare: Callable[[], None],
+    resident: bool,
+    parent: int,
+    dirs: tuple[Path, Path],
+    scratch_bytes: int,
 ) -> None:
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
     signal.signal(signal.SIGINT, signal.SIG_DFL)
@@ -163,12 +168,13 @@ def _serve(
     # The pool process's connections, and its end of a server forked before this one: not ours.
     release_inherited(keep=[sock.fileno()])
     os.setpgid(0, 0)  # what it starts is killed with it (see `close`)
+    private, inbox = dirs
     # Its sandboxes' directories in its own, which its caller removes whatever way it ends.
     tempfile.tempdir = str(private)
     if resident:
         # It parses: confined as a sandbox is, its inputs copied in through the inbox, read-only.
         # (The full server only forks the sandboxes, which confine themselves, each to its input.)
-        confinement.confine(private, [inbox])
+        confinement.confine(private, [inbox], scratch_bytes)
     prepare()
     # What this process holds now stays shared with its parent: the collector never touches it.
     gc.freeze()
@@ -189,7 +195,9 @@ def _serve(
             # A call that ran out of memory may have left the heap fragmented or half-freed; one
             # that left something running (a thread, a child) or shared memory behind would
             # carry it into the next document's call.
-            leaving = str(payload.get("cause", "")).startswith("MemoryError") or _left_behind(held_at_start)
+            leaving = str(payload.get("cause", "")).startswith("MemoryError") or _left_behind(
+                held_at_start, private
+            )
             reply = _reply(payload)
         else:
             try:
@@ -234,11 +242,12 @@ def _run_resident(
         return outcome(partial(fn, *args))
 
 
-def _left_behind(held_at_start: tuple[int, int]) -> bool:
-    """Whether this process runs a thread or a child besides itself, or holds more descriptors
-    (a memfd among them) or mapped shared memory than when it started serving."""
+def _left_behind(held_at_start: tuple[int, int], private: Path) -> bool:
+    """Whether this process runs a thread or a child besides itself, holds more descriptors (a
+    memfd among them) or mapped shared memory than when it started serving, or left a file in
+    its directory (which would fill its scratch for the documents after)."""
     threads = os.listdir("/proc/self/task")
-    if len(threads) > 1:
+    if len(threads) > 1 or any(private.iterdir()):
         return True
     try:
         with open(f"/proc/self/task/{threads[0]}/children", encoding="ascii") as children:
@@ -276,8 +285,12 @@ def _resident_bytes() -> int:
 class ForkServer:
     """`ForkServer(prepare)` in a pool process, before it loads anything large."""
 
-    def __init__(self, prepare: Callable[[], None], *, resident: bool = False) -> None:
+    def __init__(
+        self, prepare: Callable[[], None], *, resident: bool = False, scratch_bytes: int | None = None
+    ) -> None:
         self._prepare, self.resident = prepare, resident
+        # A resident server's temporary files, as a sandbox's, may hold as much as a parse's memory.
+        self._scratch_bytes = get_settings().parse.memory_mb << 20 if scratch_bytes is None else scratch_bytes
         self._sock: socket.socket | None = None
         self.pid = 0
         # Its own directory (temporary files), and, for a resident one, the inbox its inputs'
@@ -300,7 +313,7 @@ class ForkServer:
             code = 0
             try:
                 ours.close()
-                _serve(theirs, self._prepare, self.resident, parent, private, inbox)
+                _serve(theirs, self._prepare, self.resident, parent, (private, inbox), self._scratch_bytes)
             except BaseException:
                 log.exception("the fork server failed")
                 code = 1

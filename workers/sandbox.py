@@ -183,7 +183,8 @@ def _child(
         release_inherited(keep=[result_fd])
         # A group of its own: whatever it starts is killed with it (see `_wait`).
         os.setpgid(0, 0)
-        confinement.confine(private, [Path(fn.args[0])] if private_input else [])
+        # Its temporary files may hold as much as its memory: they are memory.
+        confinement.confine(private, [Path(fn.args[0])] if private_input else [], memory_bytes)
         # The child already maps what the worker imported: the memory limit is on top of that.
         limit_memory(virtual_memory_bytes() + memory_bytes, hard=True)
         cpu = int(timeout_s) + 1

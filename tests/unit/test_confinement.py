@@ -364,3 +364,67 @@ def test_the_directories_of_a_killed_process_are_swept(
     assert confinement.sweep_private_directories() == 1
     assert not left.exists()
     assert live.exists()
+
+
+def fill_scratch() -> dict[str, Any]:
+    """What a parser that writes temporary files without end gets: how much it wrote before the
+    refusal, the refusal, and the file system its temporary files went to."""
+    directory, written, refusal = tempfile.gettempdir(), 0, ""
+    try:
+        for n in range(1 << 16):
+            with open(f"{directory}/{n}", "wb") as scratch:
+                scratch.write(b"x" * (1 << 20))
+            written += 1 << 20
+    except OSError as error:
+        refusal = errno_name(error.errno)
+    with open("/proc/self/mountinfo", encoding="utf-8") as mounts:
+        kinds = [line.split(" - ")[1].split()[0] for line in mounts if line.split()[4] == directory]
+    return {"written": written, "refusal": refusal, "file system": kinds[-1] if kinds else "the worker's"}
+
+
+def errno_name(number: int | None) -> str:
+    import errno
+
+    return errno.errorcode.get(number or 0, str(number))
+
+
+def leave_a_file() -> list[str]:
+    """The names in its temporary directory, then one more of its own."""
+    directory = Path(tempfile.gettempdir())
+    names = sorted(p.name for p in directory.iterdir())
+    (directory / "left-by-the-last-document").write_text("a tenant's text")
+    return names
+
+
+def test_a_parse_process_writes_its_temporary_files_in_memory_and_no_more_than_its_memory() -> None:
+    """A hostile file (or a converter it drives) writing temporary files until its time runs out
+    would fill the worker's disk; each file alone was bounded, not their number."""
+    scratch = 24 << 20
+    lean = ForkServer(_nothing, resident=True, scratch_bytes=scratch)
+    full = ForkServer(_nothing)
+    limits = {**LIMITS, "memory_bytes": scratch}
+    try:
+        for outcome in (
+            lean.run(fill_scratch, (), **limits),
+            full.run(fill_scratch, (), **limits),
+            run_limited(fill_scratch, **limits),
+        ):
+            assert outcome["refusal"] == "ENOSPC", outcome
+            assert scratch - (2 << 20) <= outcome["written"] <= scratch, outcome
+            assert outcome["file system"] == "tmpfs", outcome
+    finally:
+        lean.close()
+        full.close()
+
+
+def test_a_resident_server_that_kept_a_file_takes_no_other_document() -> None:
+    """What a document's parse left in the resident server's directory would reach the next
+    document's, another tenant's perhaps, and fill its scratch: the server retires instead."""
+    lean = ForkServer(_nothing, resident=True, scratch_bytes=8 << 20)
+    try:
+        first = lean.pid
+        assert lean.run(leave_a_file, (), **LIMITS) == []
+        assert lean.run(leave_a_file, (), **LIMITS) == []  # a fresh server, a fresh directory
+        assert lean.pid != first
+    finally:
+        lean.close()
