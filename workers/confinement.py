@@ -20,8 +20,8 @@ process is confined in layers, each of which holds where the others are refused:
   (a file's size alone is bounded by RLIMIT_FSIZE; their number was not).
 - `drop_capabilities()`: not even the capabilities its own namespace gave it.
 - A seccomp filter (workers/syscall_filter.py): no call that acts on another process by its
-  number, creates namespaces, opens netlink, packet or vsock sockets, or leaves the process group
-  that is killed with the sandbox.
+  number, creates namespaces, opens Unix, netlink, packet or vsock sockets, or leaves the
+  process group that is killed with the sandbox.
 - `scrub_environment()`: the settings' secrets (`RAGLINE_*`, credentials) leave its environment.
 - `shield_from_children()`: the worker's main process, and the pool processes forked from it, are
   not dumpable: where user namespaces are refused (Docker's default seccomp profile refuses them),

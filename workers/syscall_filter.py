@@ -15,8 +15,10 @@ What is refused, by the call's number and, where it decides, an argument:
   filter cannot read, answers ENOSYS, and the C library falls back to `clone`) and mounts: a user
   namespace of its own would give it the capabilities that the kernel's netfilter and mount code
   trust;
-- sockets other than Unix, IPv4 and IPv6 (netlink, packet, vsock: vsock ignores network
-  namespaces);
+- sockets other than IPv4 and IPv6 (Landlock refuses TCP, and the network namespace leads
+  nowhere): not netlink, packet or vsock (vsock ignores network namespaces), and not a Unix
+  socket, which would connect to a service's socket in the file system (Redis's, a container
+  daemon's) that Landlock does not guard; a socket pair (`socketpair`) reaches no one and stays;
 - making an open file signal another process (`fcntl` F_SETOWN, F_SETOWN_EX, F_SETSIG), and
   `truncate` by path, which Landlock before ABI 3 does not guard.
 """
@@ -51,7 +53,7 @@ _X32_SYSCALLS = 0x40000000
 _NAMESPACE_FLAGS = (
     0x80 | 0x20000 | 0x02000000 | 0x04000000 | 0x08000000 | 0x10000000 | 0x20000000 | 0x40000000
 )
-_SOCKET_FAMILIES = (1, 2, 10)  # AF_UNIX, AF_INET, AF_INET6
+_SOCKET_FAMILIES = (2, 10)  # AF_INET, AF_INET6
 _SIGNALLING_FCNTL = (8, 10, 15)  # F_SETOWN, F_SETSIG, F_SETOWN_EX
 
 

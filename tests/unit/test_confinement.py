@@ -51,6 +51,11 @@ def reach(pool: int, pipe: int, port: int, files: str, urgent: int = 0) -> dict[
     def connect() -> None:
         socket.create_connection(("127.0.0.1", port), timeout=2).close()
 
+    def connect_unix() -> None:  # a service's socket (Redis's, a container daemon's)
+        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as client:
+            client.settimeout(2)
+            client.connect(f"{files}/service.sock")
+
     def sigio() -> None:
         read, write = os.pipe()
         fcntl.fcntl(read, fcntl.F_SETOWN, pool)
@@ -79,6 +84,7 @@ def reach(pool: int, pipe: int, port: int, files: str, urgent: int = 0) -> dict[
         "signal the whole group": _attempt(lambda: os.kill(0, urgent)),
         "signal everyone": _attempt(lambda: os.kill(-1, urgent)),
         "connect to loopback": _attempt(connect),
+        "connect to a Unix socket in the file system": _attempt(connect_unix),
     }
 
 
@@ -89,6 +95,9 @@ _URGENT: list[int] = []
 def pool(tmp_path: Path) -> Iterator[tuple[int, int, int, str]]:
     read, write = os.pipe()
     listener = socket.create_server(("127.0.0.1", 0))
+    service = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    service.bind(str(tmp_path / "service.sock"))
+    service.listen()
     (tmp_path / "blob").write_bytes(b"a tenant's document")
     (tmp_path / "blob").chmod(0o600)
     (tmp_path / "code.py").write_text("WORKER = True\n")
@@ -99,6 +108,7 @@ def pool(tmp_path: Path) -> Iterator[tuple[int, int, int, str]]:
     finally:
         signal.signal(signal.SIGURG, previous)
         listener.close()
+        service.close()
         os.close(read)
         os.close(write)
 
@@ -146,21 +156,26 @@ def test_no_parse_process_reaches_the_pool_process_or_the_network(pool: tuple[in
     assert not (Path(pool[3]) / "new").exists()
 
 
-def signal_self_and_run_a_program() -> list[str]:
+def signal_self_run_a_program_and_pair_sockets() -> list[str]:
     received: list[str] = []
     signal.signal(signal.SIGUSR1, lambda *_: received.append("own signal"))
     signal.raise_signal(signal.SIGUSR1)
     os.kill(os.getpid(), 0)
     ran = subprocess.run(["echo", "a converter runs"], capture_output=True, text=True, check=True)
-    return [*received, ran.stdout.strip()]
+    ours, theirs = socket.socketpair()  # an event loop's wake-up pair: it reaches no one
+    theirs.sendall(b"a socket pair")
+    paired = ours.recv(64).decode()
+    ours.close()
+    theirs.close()
+    return [*received, ran.stdout.strip(), paired]
 
 
-def test_a_parse_process_still_signals_itself_and_runs_programs() -> None:
+def test_a_parse_process_still_signals_itself_runs_programs_and_pairs_sockets() -> None:
     lean = ForkServer(_nothing, resident=True)
     try:
-        expected = ["own signal", "a converter runs"]
-        assert lean.run(signal_self_and_run_a_program, (), **LIMITS) == expected
-        assert run_limited(signal_self_and_run_a_program, **LIMITS) == expected
+        expected = ["own signal", "a converter runs", "a socket pair"]
+        assert lean.run(signal_self_run_a_program_and_pair_sockets, (), **LIMITS) == expected
+        assert run_limited(signal_self_run_a_program_and_pair_sockets, **LIMITS) == expected
     finally:
         lean.close()
 
