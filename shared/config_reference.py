@@ -61,6 +61,14 @@ The scripts of `deploy/local/` (not the services) also read `RAGLINE_OPENSEARCH_
 server), `RAGLINE_API__PORT` (8000),
 `RAGLINE_CACHE_DIR` (`~/.cache/ragline`) and `RAGLINE_VENV` (`.venv`); see
 [operations](operations.md#a-local-cluster-and-specialised-workers).
+
+A stack on other ports (a second one beside the first, a port already taken): set the ports
+above. The services the scripts start then use the moved OpenSearch and Redis (the scripts set
+`RAGLINE_OPENSEARCH__URL` and `RAGLINE_REDIS__URL` from the ports unless they are set); a command
+you run yourself (the `ragline` CLI, `ragline mcp`, an MCP client's `env`) needs those two URLs
+exported as well, or it reaches whatever answers on 9200 and 6379. The local worker serves its
+metrics on the API port + 1000 unless `RAGLINE_METRICS__WORKER_PORT` says otherwise: an API port
+of 8100 or 8200 needs it set.
 """
 
 

@@ -9,6 +9,15 @@ mkdir -p "$STATE_DIR" "$LOG_DIR"
 # The local stack's folder sources read under the state dir's sources/ unless told otherwise
 # (docs/api.md#sources): a source may only read where an operator allowed it.
 export RAGLINE_SOURCES__FOLDER_ROOTS=${RAGLINE_SOURCES__FOLDER_ROOTS:-"[\"$STATE_DIR/sources\"]"}
+# A server moved to another port (RAGLINE_OPENSEARCH_PORT, RAGLINE_REDIS_PORT) is the one the
+# services started here use, unless their URL says otherwise: else they would reach whatever still
+# answers on the default port, another stack's server perhaps.
+if [ -n "${RAGLINE_OPENSEARCH_PORT:-}" ]; then
+  export RAGLINE_OPENSEARCH__URL=${RAGLINE_OPENSEARCH__URL:-http://127.0.0.1:$RAGLINE_OPENSEARCH_PORT}
+fi
+if [ -n "${RAGLINE_REDIS_PORT:-}" ]; then
+  export RAGLINE_REDIS__URL=${RAGLINE_REDIS__URL:-redis://127.0.0.1:$RAGLINE_REDIS_PORT/0}
+fi
 
 say() { printf '%s\n' "$*"; }
 die() { printf 'error: %s\n' "$*" >&2; exit 1; }

@@ -554,7 +554,7 @@ launch() {
     find "$DATA_DIR" -name node.lock -delete 2>/dev/null || true
   fi
   if curl -s --max-time 2 -o /dev/null "$URL" 2>/dev/null; then
-    die "port $PORT already answers HTTP but not from this state dir ($OS_STATE); stop it or set RAGLINE_OPENSEARCH_PORT"
+    die "port $PORT already answers HTTP but not from this state dir ($OS_STATE); stop it or set RAGLINE_OPENSEARCH_PORT (docs/configuration.md#local-stack-scripts)"
   fi
 
   write_config

@@ -26,7 +26,7 @@ start() {
     return 0
   fi
   if ping; then
-    die "port $PORT already answers Redis but not from $PIDFILE; stop it or set RAGLINE_REDIS_PORT"
+    die "port $PORT already answers Redis but not from $PIDFILE; stop it or set RAGLINE_REDIS_PORT (docs/configuration.md#local-stack-scripts)"
   fi
   cat >"$DIR/redis.conf" <<CONF
 bind 127.0.0.1

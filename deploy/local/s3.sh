@@ -142,7 +142,7 @@ start() {
     return 0
   fi
   if curl -s -o /dev/null --max-time 2 "$URL/"; then
-    die "s3: port $PORT already answers but not from $PIDFILE; stop it or set RAGLINE_S3_PORT"
+    die "s3: port $PORT already answers but not from $PIDFILE; stop it or set RAGLINE_S3_PORT (docs/configuration.md#local-stack-scripts)"
   fi
   (umask 077 && cat >"$CONF" <<CONF
 s3proxy.endpoint=$URL
