@@ -35,7 +35,9 @@ def main(settings: Settings, server: str, api_key: str, quick: bool) -> Path:
     console = Console()
     bench = Bench(settings, server, api_key, quick, console)
     started = time.monotonic()
-    corpus, queries, qrels = manbench(Path.home() / ".cache" / "ragline")
+    # The local stack's artifact cache (deploy/local/lib.sh reads the same variable).
+    cache = Path(os.environ.get("RAGLINE_CACHE_DIR") or Path.home() / ".cache" / "ragline")
+    corpus, queries, qrels = manbench(cache)
     docs = corpus[:CORPUS_QUICK] if quick else corpus
     included = {d["_id"] for d in docs}
     judged = {q: rel & included for q, rel in qrels.items() if rel & included}

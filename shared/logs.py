@@ -146,4 +146,7 @@ def configure(
     # The OpenSearch client logs every request, and every 404 of a lookup as a warning: those are
     # not events. A failed request raises, and Ragline logs what it means where it is handled.
     logging.getLogger("opensearch").setLevel(max(root.level, logging.ERROR))
+    # The MCP SDK logs every request it receives ("Processing request of type ..."): a stdio
+    # client's stderr, and the API's log, would hold a line per call and nothing more.
+    logging.getLogger("mcp.server.lowlevel.server").setLevel(max(root.level, logging.WARNING))
     return handler

@@ -25,6 +25,7 @@ from services.core.container import AppState, build_state
 from services.core.envelope import envelope
 from services.mcp.http import mcp_routes
 from services.mcp.server import build_mcp
+from shared import VERSION
 from shared.config import ApiSettings, Settings, get_settings
 from shared.errors import ErrorCode, RaglineError
 
@@ -131,7 +132,7 @@ def create_app(settings: Settings | None = None, state: AppState | None = None) 
 
     app = FastAPI(
         title="Ragline",
-        version="0.1.0",
+        version=VERSION,
         lifespan=lifespan,
         description="Ingestion and hybrid (BM25 + k-NN) retrieval for AI agents. "
         "Every error is `{code, message, details}`.",

@@ -15,9 +15,10 @@ from mcp.server.transport_security import TransportSecuritySettings
 
 from services.core.auth import Principal
 from services.core.container import AppState
-from services.mcp.sdk_patches import RaglineMCP
+from services.mcp.sdk_patches import RaglineMCP, low_level_server
 from services.mcp.source_tools import SOURCE_TOOLS
 from services.mcp.tools import TOOLS, McpServices
+from shared import VERSION
 
 INSTRUCTIONS = """Ragline searches the user's knowledge bases (hybrid keyword + semantic retrieval).
 1. Call list_knowledge_bases first to learn which knowledge bases exist and what they hold.
@@ -56,6 +57,8 @@ def build_mcp(state: AppState, *, stdio_principal: Principal | None = None) -> R
             enable_dns_rebinding_protection=True, allowed_hosts=hosts, allowed_origins=origins
         ),
     )
+    # FastMCP takes no version: unset, clients are told the SDK's own.
+    low_level_server(mcp).version = VERSION
     for tool, hints in (*TOOLS, *SOURCE_TOOLS):
         mcp.add_tool(tool, annotations=hints, structured_output=True)
     return mcp

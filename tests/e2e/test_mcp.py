@@ -22,6 +22,7 @@ from mcp import ClientSession, StdioServerParameters
 from mcp.client.sse import sse_client
 from mcp.client.stdio import stdio_client
 
+from shared import VERSION
 from tests.e2e.helpers import Server, call, error_text, http_session
 from tests.fixtures import samples
 
@@ -64,7 +65,8 @@ async def stdio_session(tenant: str) -> AsyncIterator[ClientSession]:
     env = {**os.environ, "RAGLINE_TENANT": tenant}
     params = StdioServerParameters(command=RAGLINE, args=["mcp"], env=env)
     async with stdio_client(params) as (read, write), ClientSession(read, write) as session:
-        await session.initialize()
+        initialized = await session.initialize()
+        assert (initialized.serverInfo.name, initialized.serverInfo.version) == ("ragline", VERSION)
         yield session
 
 
@@ -276,7 +278,8 @@ async def test_sse_transport_for_older_clients(server: Server) -> None:
         sse_client(f"{server.url}/mcp/sse", headers=headers) as (read, write),
         ClientSession(read, write) as session,
     ):
-        await session.initialize()
+        initialized = await session.initialize()
+        assert initialized.serverInfo.version == VERSION  # Ragline's, not the SDK's
         names = {tool.name for tool in (await session.list_tools()).tools}
         assert names >= TOOLS
         assert "knowledge_bases" in await call(session, "list_knowledge_bases")

@@ -138,11 +138,15 @@ def test_configure_routes_every_logger_through_one_handler() -> None:
         assert root.handlers == [handler]
         assert isinstance(handler.formatter, logs.JsonFormatter)
         assert logging.getLogger("opensearch").getEffectiveLevel() == logging.ERROR
+        # A line per MCP request is not an event: a stdio client's stderr would hold nothing else.
+        assert not logging.getLogger("mcp.server.lowlevel.server").isEnabledFor(logging.INFO)
+        assert logging.getLogger("mcp.server.lowlevel.server").isEnabledFor(logging.WARNING)
         assert isinstance(logs.configure("api", "DEBUG", "text").formatter, logs.TextFormatter)
     finally:
         root.handlers[:] = saved[0]
         root.setLevel(saved[1])
-        logging.getLogger("opensearch").setLevel(logging.NOTSET)
+        for name in ("opensearch", "mcp.server.lowlevel.server"):
+            logging.getLogger(name).setLevel(logging.NOTSET)
 
 
 def _app() -> RequestContext:
