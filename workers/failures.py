@@ -18,6 +18,7 @@ from redis.exceptions import RedisError
 
 from shared.errors import ErrorCode, OutageError, RaglineError, TransientError
 from shared.ingest import StageRef
+from shared.models import Stage
 from workers.sandbox import describe
 
 log = logging.getLogger(__name__)
@@ -52,6 +53,10 @@ def classify(ref: StageRef, error: Exception) -> RaglineError:
     if isinstance(error, RaglineError):
         return error
     if isinstance(error, SoftTimeLimitExceeded):
+        if ref.stage == Stage.EMBED:
+            # Embedding keeps each slice's vectors as it goes (workers/stages/embed.py): a retry
+            # goes on from there, so a document larger than one time limit still gets through.
+            return TransientError(f"the {ref.stage} stage ran out of time", code=ErrorCode.TIMEOUT)
         return RaglineError(f"the {ref.stage} stage ran out of time", code=ErrorCode.TIMEOUT)
     if isinstance(error, TransportError) and is_outage(error):
         return OutageError(f"OpenSearch is unavailable or overloaded ({error.status_code})")

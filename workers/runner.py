@@ -34,7 +34,7 @@ from datetime import datetime
 from typing import NoReturn
 
 from shared import logs, tracing
-from shared.errors import ErrorCode, RaglineError
+from shared.errors import ErrorCode, RaglineError, TransientError
 from shared.ingest import StageRef
 from shared.models import utcnow
 from shared.registry import Conflict, Versioned
@@ -105,7 +105,8 @@ def _run_task(ctx: WorkerContext, ref: StageRef, stages: Stages, retries_done: i
         return
     items = [ClaimedStage(ref, claimed)]
     traces: dict[StageRef, dict[str, str]] = {}
-    if ref.stage in stages.batches:
+    # A retried document runs alone: its batch may have failed for another document's sake.
+    if ref.stage in stages.batches and retries_done == 0:
         waiting = peers.claim_waiting(ctx.redis, ref, lambda peer: _claim(ctx, peer), traces)
         items += [ClaimedStage(peer_ref, peer) for peer_ref, peer in waiting]
     chain_until = time.monotonic() + ctx.settings.celery.soft_time_limit_s / 2
@@ -170,11 +171,17 @@ def _run_claimed(
     items = [replace(i, claim=c) for i, c in zip(items, keeper.claims(), strict=True)]
     if isinstance(produced, Exception):
         failure = classify(ref, produced)
+        alone = False
+        if len(items) > 1 and not failure.retryable:
+            # A batch that failed as a whole (its time limit, a crash in the model) says nothing
+            # of which document caused it: one tenant's huge document would fail every other
+            # tenant's in its batch. Each runs again alone, where a failure is its own.
+            failure, alone = TransientError(f"{failure.message} in a batch", code=failure.code), True
         outcome = lifecycle.failure_outcome(failure, retries_done, ctx.settings.celery.max_retries)
         for _ in items:
             metrics.stage_observed(ref.stage.value, outcome, (time.perf_counter() - started) / len(items))
         if failure.retryable:
-            _retry_or_fail(ctx, [(i.ref, i.claim) for i in items], failure, retries_done)
+            _retry_or_fail(ctx, [(i.ref, i.claim) for i in items], failure, retries_done, peers_alone=alone)
         for item in items:
             _finish_failed(ctx, item.ref, failure, item.claim)
         return []
@@ -198,11 +205,17 @@ def _run_claimed(
 
 
 def _retry_or_fail(
-    ctx: WorkerContext, items: list[tuple[StageRef, Versioned]], error: RaglineError, retries_done: int
+    ctx: WorkerContext,
+    items: list[tuple[StageRef, Versioned]],
+    error: RaglineError,
+    retries_done: int,
+    *,
+    peers_alone: bool = False,
 ) -> NoReturn:
     """Release every claimed document; retry the task's own document later, or fail it for good.
 
     An outage is waited out without limit: the document is fine, its backing service is not.
+    `peers_alone`: the peers' tasks count as retried, so that each runs alone (see `_run_task`).
     """
     (own_ref, own), others = items[0], items[1:]
     countdown = retry_countdown(error, retries_done, ctx.settings.celery.retry_backoff_max_s)
@@ -217,7 +230,7 @@ def _retry_or_fail(
         try:
             _release(ctx, peer_ref, peer, error, plan.peer_lease_until)
         finally:
-            send(ctx, peer_ref, peer.doc.queue)
+            send(ctx, peer_ref, peer.doc.queue, retries=1 if peers_alone else 0)
     if plan.fail_with is not None:
         _finish_failed(ctx, own_ref, plan.fail_with)
         raise Done

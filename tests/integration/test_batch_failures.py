@@ -1,0 +1,99 @@
+"""A batch that fails as a whole fails none of its documents for another's sake: one tenant's
+document that takes its batch past the time limit would otherwise fail every other tenant's
+document batched with it, for good. The stage here is parse made a batched one, so the batch is
+whatever the test announces; the records and the broker are the real ones."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import Any
+
+import pytest
+from celery.exceptions import SoftTimeLimitExceeded
+
+from shared.config import Settings
+from shared.errors import ErrorCode, RaglineError
+from shared.ingest import QUEUE_LEASE, StageRef
+from shared.models import DocStatus, Document, KnowledgeBase, Stage, utcnow
+from shared.registry import Registry
+from shared.wiring import Services
+from tests.integration.helpers import new_kb, orphan, wait_terminal
+from workers import peers
+from workers.context import WorkerContext
+from workers.pipeline import STAGES
+from workers.runner import Retry, run_stage
+from workers.stages.base import StageResult, Stages
+
+pytestmark = pytest.mark.integration
+
+
+def _waiting(registry: Registry, settings: Settings, kb: KnowledgeBase, name: str) -> StageRef:
+    """A queued document with no task anywhere: only this test's run_stage moves it."""
+    orphan(
+        registry,
+        settings,
+        kb,
+        name,
+        f"{name}: the harbour log.\n".encode(),
+        lease_until=utcnow() + QUEUE_LEASE,
+    )
+    version = registry.require_doc(kb.tenant_id, kb.kb_id, name).doc.content_version
+    return StageRef(kb.tenant_id, kb.kb_id, name, version, Stage.PARSE)
+
+
+def _stages(batches: list[list[str]], culprit: str) -> Stages:
+    def outlasting(ctx: WorkerContext, items: list[tuple[Document, Any]]) -> list[StageResult | RaglineError]:
+        batches.append([doc.doc_id for doc, _ in items])
+        if any(doc.doc_id == culprit for doc, _ in items):
+            raise SoftTimeLimitExceeded()
+        return [STAGES.functions[Stage.PARSE](ctx, doc, data) for doc, data in items]
+
+    return replace(STAGES, batches={**STAGES.batches, Stage.PARSE: outlasting})
+
+
+def test_a_batch_out_of_time_fails_none_of_its_documents_and_each_runs_again_alone(
+    registry: Registry, settings: Settings, services: Services
+) -> None:
+    alice, bob = new_kb(registry, pii_policy="off"), new_kb(registry, pii_policy="off")
+    note = _waiting(registry, settings, alice, "alice-note.txt")
+    huge = _waiting(registry, settings, bob, "bob-huge.txt")
+    peers.announce(services.redis, huge)
+    batches: list[list[str]] = []
+    with pytest.raises(Retry) as retry:
+        run_stage(services, note, _stages(batches, culprit="bob-huge.txt"), 0)
+    assert batches == [["alice-note.txt", "bob-huge.txt"]]
+    assert retry.value.counted  # the task's own document runs again, alone (below)
+    for kb, ref in ((alice, note), (bob, huge)):
+        doc = registry.require_doc(kb.tenant_id, kb.kb_id, ref.doc_id).doc
+        assert doc.status != DocStatus.FAILED, ref.doc_id
+        assert doc.claimed_by is None
+        assert doc.error is not None
+        assert (doc.error.code, doc.error.retryable) == (ErrorCode.TIMEOUT.value, True)
+    # The peer was sent again as a retried task: the real worker runs it with the real stages.
+    assert (
+        wait_terminal(registry, bob, ["bob-huge.txt"], timeout_s=180)["bob-huge.txt"].status
+        == DocStatus.READY
+    )
+
+
+def test_a_retried_document_runs_alone_and_its_own_failure_is_its_own(
+    registry: Registry, settings: Settings, services: Services
+) -> None:
+    alice, bob = new_kb(registry, pii_policy="off"), new_kb(registry, pii_policy="off")
+    huge = _waiting(registry, settings, bob, "bob-huge.txt")
+    note = _waiting(registry, settings, alice, "alice-note.txt")
+    peers.announce(services.redis, note)
+    batches: list[list[str]] = []
+    try:
+        run_stage(services, huge, _stages(batches, culprit="bob-huge.txt"), 1)
+        assert batches == [["bob-huge.txt"]]  # the waiting note was not taken along
+        failed = registry.require_doc(bob.tenant_id, bob.kb_id, "bob-huge.txt").doc
+        assert failed.status == DocStatus.FAILED
+        assert failed.error is not None
+        assert (failed.error.code, failed.error.retryable) == (ErrorCode.TIMEOUT.value, False)
+        assert (
+            registry.require_doc(alice.tenant_id, alice.kb_id, "alice-note.txt").doc.status
+            == DocStatus.QUEUED
+        )
+    finally:
+        services.redis.delete(peers.waiting_key(Stage.PARSE))
