@@ -6,15 +6,17 @@ from __future__ import annotations
 import uuid
 from typing import Any
 
-from shared.embedding import embedded_text
+import pytest
+
+from shared.embedding import embedded_text, encoder
 from shared.errors import ErrorCode, RaglineError
 from shared.models import Document
 from shared.wiring import Services
 from workers.stages import embed
 
 
-def _doc(name: str) -> Document:
-    return Document(tenant_id="t", kb_id="k", doc_id=name, content_hash="0" * 64, file_size=1)
+def _doc(name: str, tenant: str = "t") -> Document:
+    return Document(tenant_id=tenant, kb_id="k", doc_id=name, content_hash="0" * 64, file_size=1)
 
 
 def _chunks(*texts: str) -> dict[str, Any]:
@@ -46,6 +48,57 @@ def test_a_chunk_over_the_models_length_fails_only_its_own_document(services: Se
         assert not isinstance(result, RaglineError)
         assert all(chunk["embedding_b64"] for chunk in result.artifact["chunks"])
         assert result.updates["stats"]["embed"]["embedded"] == len(cleaned["chunks"])
-    keys = [embed.cache_key(model, embedded_text(c)) for c in items[1][1]["chunks"]]
+    keys = [embed.cache_key("t", model, embedded_text(c)) for c in items[1][1]["chunks"]]
     assert services.redis.mget(keys) == [None, None]  # nothing of the refused document is cached
     assert len(results) == len(items)
+
+
+def test_one_tenants_cache_tells_another_nothing(services: Services) -> None:
+    """A count of cached chunks is in every document's status: a cache shared across tenants
+    would confirm to one tenant the exact text another stored."""
+    secret = f"The quarterly number is 7. {uuid.uuid4().hex}"
+    model = services.settings.embedding.model
+    stored = embed._run_model_batch(services, model, [(_doc("alice.txt", "alice"), _chunks(secret))])
+    for tenant, expected in (("bob", {"embedded": 1, "cached": 0}), ("alice", {"embedded": 0, "cached": 1})):
+        guessed = embed._run_model_batch(services, model, [(_doc("guess.txt", tenant), _chunks(secret))])[0]
+        assert not isinstance(guessed, RaglineError)
+        stats = guessed.updates["stats"]["embed"]
+        assert {k: stats[k] for k in expected} == expected, tenant
+    assert not isinstance(stored[0], RaglineError)
+
+
+def test_a_large_document_keeps_what_it_embedded_before_its_time_ran_out(
+    services: Services, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Vectors are cached slice by slice: a retry after the task's time limit goes on from there."""
+    fresh = uuid.uuid4().hex
+    model = services.settings.embedding.model
+    texts = [f"passage {n} of a long manual {fresh}" for n in range(embed.ENCODE_SLICE + 10)]
+    real = encoder(services.settings.embedding)
+    calls: list[int] = []
+
+    class OutOfTime(Exception):
+        pass
+
+    class RunsOutAfterOneSlice:
+        dimension, max_seq_length = real.dimension, real.max_seq_length
+
+        def encode(self, batch: list[str], *, whole: bool = False) -> Any:
+            calls.append(len(batch))
+            if len(calls) > 1:
+                raise OutOfTime  # as Celery's soft time limit interrupts the task
+            return real.encode(batch, whole=whole)
+
+    monkeypatch.setattr(embed, "encoder", lambda settings: RunsOutAfterOneSlice())
+    doc = _doc("manual.txt")
+    with pytest.raises(OutOfTime):
+        embed._run_model_batch(services, model, [(doc, _chunks(*texts))])
+    assert calls == [embed.ENCODE_SLICE, embed.ENCODE_SLICE]
+    monkeypatch.undo()
+    retried = embed._run_model_batch(services, model, [(doc, _chunks(*texts))])[0]
+    assert not isinstance(retried, RaglineError)
+    assert retried.updates["stats"]["embed"] == {
+        "embedded": 10,
+        "cached": embed.ENCODE_SLICE,
+        "batch_documents": 1,
+    }

@@ -4,7 +4,9 @@ Each document is encoded with its knowledge base's model (documents of several K
 task); the artifact names the model, so the store stage can tell vectors of another model apart.
 
 The cache (Redis) means unchanged chunks of an edited document, or a re-ingest after a failure,
-are never encoded twice. Vectors travel to the store stage as base64 float32.
+are never encoded twice. It is a tenant's own: shared, a document's `cached` count would tell one
+tenant whether another had stored a given text. Vectors travel to the store stage as base64
+float32.
 """
 
 from __future__ import annotations
@@ -23,10 +25,13 @@ from workers.context import WorkerContext
 from workers.stages.base import StageResult
 
 CACHE_TTL_S = 30 * 24 * 3600
+# Texts encoded, and their vectors cached, at a time: a document whose embedding outlasts the
+# task's time limit keeps what it embedded, and its retry goes on from there.
+ENCODE_SLICE = 256
 
 
-def cache_key(model: str, text: str) -> str:
-    return f"ragline:emb:{model}:{hashlib.sha256(text.encode()).hexdigest()}"
+def cache_key(tenant_id: str, model: str, text: str) -> str:
+    return f"ragline:emb:{tenant_id}:{model}:{hashlib.sha256(text.encode()).hexdigest()}"
 
 
 def encode_b64(vector: np.ndarray[Any, Any]) -> str:
@@ -65,15 +70,17 @@ def _run_model_batch(
     texts_of = [[embedded_text(c) for c in cleaned["chunks"]] for _, cleaned in items]
     owner = [position for position, texts in enumerate(texts_of) for _ in texts]
     all_texts = [t for texts in texts_of for t in texts]
-    keys = [cache_key(settings.model, t) for t in all_texts]
+    keys = [cache_key(items[owner[i]][0].tenant_id, settings.model, t) for i, t in enumerate(all_texts)]
     cached = ctx.redis.mget(keys) if keys else []
     vectors: list[str | None] = [c.decode() if isinstance(c, bytes) else c for c in cached]
-    missing = [i for i, v in enumerate(vectors) if v is None]
+    remaining = [i for i, v in enumerate(vectors) if v is None]
+    missing: list[int] = []  # those encoded here
     refused: dict[int, RaglineError] = {}
-    while missing:
+    while remaining:
+        part = remaining[:ENCODE_SLICE]
         try:
             with metrics.model_cpu():
-                fresh = model.encode([all_texts[i] for i in missing], whole=True)
+                fresh = model.encode([all_texts[i] for i in part], whole=True)
         except TooLong as error:
             # The chunker's budget makes this impossible; refusing beats silently truncating.
             # Only the documents of the refused texts fail; the others are encoded again.
@@ -81,20 +88,22 @@ def _run_model_batch(
                 raise
             longest: dict[int, int] = {}
             for i, tokens in error.tokens.items():
-                longest[owner[missing[i]]] = max(tokens, longest.get(owner[missing[i]], 0))
+                longest[owner[part[i]]] = max(tokens, longest.get(owner[part[i]], 0))
             for position, tokens in longest.items():
                 refused[position] = PermanentError(
                     f"a chunk has {tokens} tokens, over the model's {error.limit}", code=ErrorCode.INTERNAL
                 )
+            remaining = [i for i in remaining if owner[i] not in refused]
             missing = [i for i in missing if owner[i] not in refused]
             continue
         pipe = ctx.redis.pipeline(transaction=False)
-        for i, vector in zip(missing, fresh, strict=True):
+        for i, vector in zip(part, fresh, strict=True):
             encoded = encode_b64(vector)
             vectors[i] = encoded
             pipe.set(keys[i], encoded, ex=CACHE_TTL_S)
         pipe.execute()
-        break
+        missing += part
+        remaining = remaining[len(part) :]
     missing_set = set(missing)
     results: list[StageResult | RaglineError] = []
     offset = 0
