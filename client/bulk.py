@@ -27,6 +27,7 @@ from shared.models import safe_doc_id
 
 TERMINAL = {"ready", "failed", "deleted"}
 PLAIN_EVERY_S = 5.0
+SHORT_BATCH_GRACE_S = 10.0
 
 
 @dataclass
@@ -36,10 +37,17 @@ class LoadReport:
     uploaded: int = 0
     outcomes: Counter[str] = field(default_factory=Counter)
     statuses: Counter[str] = field(default_factory=Counter)
-    failures: list[dict[str, Any]] = field(default_factory=list)
+    rejected: list[dict[str, Any]] = field(default_factory=list)  # uploads refused, by this run or the API
+    failed: list[dict[str, Any]] = field(default_factory=list)  # documents of the batch, and of earlier runs
     chunks: int = 0
     throttled: int = 0
     seconds: float = 0.0
+    # Since when the batch has been done with fewer documents than this run sent it (None: not so).
+    short_since: float | None = None
+
+    @property
+    def failures(self) -> list[dict[str, Any]]:
+        return [*self.rejected, *self.failed]
 
     def as_dict(self) -> dict[str, Any]:
         return {
@@ -68,6 +76,20 @@ def walk(paths: list[Path], pattern: str | None, recursive: bool) -> Iterator[tu
         for file, relative in candidates:
             if pattern is None or fnmatch.fnmatch(relative, pattern) or fnmatch.fnmatch(file.name, pattern):
                 yield file, safe_doc_id(relative)
+
+
+def _one_file_a_document(files: list[tuple[Path, str]], report: LoadReport) -> list[tuple[Path, str]]:
+    """The files to upload: of two whose names give one document id ("a b.txt" and "a-b.txt"),
+    the first; the second is rejected, where uploading it would replace the first."""
+    first: dict[str, Path] = {}
+    for file, doc_id in files:
+        if doc_id not in first:
+            first[doc_id] = file
+            continue
+        report.outcomes["rejected"] += 1
+        message = f"{file} gives the same document id as {first[doc_id]}; give it another name"
+        report.rejected.append({"doc_id": doc_id, "error": {"code": "CONFLICT", "message": message}})
+    return [(file, doc_id) for doc_id, file in first.items()]
 
 
 def _upload(
@@ -114,8 +136,18 @@ def _poll(remote: Remote, report: LoadReport) -> bool:
             return report.uploaded == report.scanned == report.outcomes.get("unchanged", 0)
         raise
     report.statuses = Counter(batch["counts"])
-    report.failures = batch["failures"]
-    return bool(batch["done"]) and batch["total"] >= report.uploaded - report.outcomes.get("unchanged", 0)
+    report.failed = batch["failures"]
+    if not batch["done"]:
+        report.short_since = None
+        return False
+    if batch["total"] >= report.uploaded - report.outcomes.get("unchanged", 0):
+        return True
+    # Done, yet short: the registry has not shown every upload yet (it refreshes about once a
+    # second), or a document of this run was replaced meanwhile by another upload, outside it.
+    # The first passes; the second never would, and the load must not wait for it forever.
+    now = time.monotonic()
+    report.short_since = report.short_since or now
+    return now - report.short_since > SHORT_BATCH_GRACE_S
 
 
 class _Progress:
@@ -171,6 +203,7 @@ def load(
     console: Console,
 ) -> LoadReport:
     report = LoadReport(batch_id=uuid.uuid4().hex, scanned=len(files))
+    files = _one_file_a_document(files, report)
     progress = _Progress(remote, kb, report, console)
     unfinished: list[str] = []
     try:
@@ -183,7 +216,7 @@ def load(
                     accepted = future.result()
                 except ApiError as error:
                     report.outcomes["rejected"] += 1
-                    report.failures.append(
+                    report.rejected.append(
                         {"doc_id": doc_id, "error": {"code": error.code, "message": error.message}}
                     )
                     continue
@@ -195,22 +228,17 @@ def load(
                     last_poll = time.monotonic()
                     _poll(remote, report)
                 progress.show()
-        rejected = list(report.failures)
         while wait and not _poll(remote, report):
             progress.show()
             time.sleep(1.0)
         earlier = _finish_earlier(remote, kb, unfinished) if wait else []
         for doc in earlier:
             report.statuses[doc["status"]] += 1
-        report.failures = (
-            rejected
-            + report.failures
-            + [
-                {"kb_id": kb, "doc_id": d["doc_id"], "error": d["error"]}
-                for d in earlier
-                if d["status"] == "failed"
-            ]
-        )
+        report.failed += [
+            {"kb_id": kb, "doc_id": d["doc_id"], "error": d["error"]}
+            for d in earlier
+            if d["status"] == "failed"
+        ]
         progress.show(force=True)  # the final counts: chunks and seconds as of now
     finally:
         progress.stop()

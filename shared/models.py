@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import re
+import unicodedata
 from datetime import UTC, datetime
 from enum import StrEnum
+from itertools import groupby
 from typing import Any
 
 from pydantic import BaseModel, Field, model_validator
@@ -12,7 +14,6 @@ from pydantic import BaseModel, Field, model_validator
 from shared.errors import ErrorCode, RaglineError
 
 ID_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._~-]{0,127}$"
-_DOC_ID_UNSAFE = re.compile(r"[^A-Za-z0-9._~/-]+")
 DOC_ID_MAX_CHARS = 200
 # The registry key is "<tenant>/<kb>/<doc_id>" and OpenSearch ids hold 512 bytes: tenant ids are at
 # most 63 characters and KB ids 128, which leaves this much for the document id.
@@ -266,13 +267,26 @@ def entry_stage(doc: Document) -> Stage:
 
 
 def safe_doc_id(raw: str) -> str:
-    """A document id derived from a file name or path: URL-safe, stable, at most 200 characters.
+    """A document id derived from a file name or path: stable, at most DOC_ID_MAX_CHARS characters
+    and DOC_ID_MAX_BYTES bytes, letters and digits of any script kept (NFC), every other character
+    but `._~/-` a "-": names in Japanese or Cyrillic stay apart (an ASCII-only rule made
+    `日本.txt` and `отчёт.txt` both `txt`, the second upload replacing the first).
 
     Empty, "." and ".." segments are dropped: in the id's URL they would point somewhere else.
     """
-    cleaned = _DOC_ID_UNSAFE.sub("-", raw.strip().replace("\\", "/"))
+    normalized = unicodedata.normalize("NFC", raw.strip().replace("\\", "/"))
+    # A run of other characters becomes one "-".
+    cleaned = "".join("".join(run) if kept else "-" for kept, run in groupby(normalized, _kept))
     segments = [segment for segment in cleaned.split("/") if segment not in ("", ".", "..")]
-    return "/".join(segments).strip("-/.")[:200] or "document"
+    doc_id = "/".join(segments).strip("-/.")[:DOC_ID_MAX_CHARS]
+    while len(doc_id.encode()) > DOC_ID_MAX_BYTES:
+        doc_id = doc_id[:-1]
+    return doc_id.rstrip("-/.") or "document"
+
+
+def _kept(char: str) -> bool:
+    """A letter, mark or digit of any script (a mark: the vowel signs of Indic scripts), or `._~/-`."""
+    return char in "._~/-" or unicodedata.category(char)[0] in "LMN"
 
 
 def check_doc_id(doc_id: str) -> str:

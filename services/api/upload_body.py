@@ -19,6 +19,7 @@ from starlette.datastructures import UploadFile
 
 from shared.errors import ErrorCode, RaglineError
 from shared.ingest import Upload
+from shared.models import safe_doc_id
 
 _READ_CHUNK = 1 << 20
 _MAX_FILES = 1000
@@ -145,6 +146,8 @@ def _from_form(form: Any) -> UploadBody:
     if doc_id is not None and len(files) > 1:
         raise RaglineError("doc_id can only be given with a single file", code=ErrorCode.INVALID_ARGUMENT)
     names = [_clean_name(f.filename or "upload") for f in files]
+    if doc_id is None:
+        _one_file_a_document(names)
     uploads = [
         Upload(_chunks(f), filename=name, mime_type=f.content_type, doc_id=doc_id, size=f.size)
         for f, name in zip(files, names, strict=True)
@@ -184,6 +187,21 @@ def _chunks(upload: UploadFile) -> Iterator[bytes]:
     upload.file.seek(0)
     while part := upload.file.read(_READ_CHUNK):
         yield part
+
+
+def _one_file_a_document(names: list[str]) -> None:
+    """Refuse files of one request whose names give one document id ("a b.txt", "a-b.txt"): the
+    second would replace the first, both answered as accepted."""
+    first: dict[str, int] = {}
+    for position, name in enumerate(names):
+        earlier = first.setdefault(safe_doc_id(name), position)
+        if earlier != position:
+            raise RaglineError(
+                f"files {earlier} and {position} of the form give the same document id: rename one, "
+                "or send them apart, each with a doc_id",
+                code=ErrorCode.INVALID_ARGUMENT,
+                details={"field": "files", "files": [earlier, position]},
+            )
 
 
 def _clean_name(name: str) -> str:

@@ -1,11 +1,18 @@
-"""`ragline ingest --wait`: a batch the registry does not show yet is not a finished batch."""
+"""`ragline ingest --wait`: a batch the registry does not show yet is not a finished batch, one
+that can never be full ends the wait all the same, and two files never make one document."""
 
 from __future__ import annotations
 
+import time
 from collections import Counter
+from pathlib import Path
 from typing import Any
 
-from client.bulk import LoadReport, _poll
+import pytest
+from rich.console import Console
+
+from client import bulk
+from client.bulk import LoadReport, _poll, load, walk
 from client.http import ApiError, Remote
 
 
@@ -27,3 +34,60 @@ def test_new_documents_whose_batch_is_not_visible_yet_are_still_waited_for() -> 
 def test_a_run_of_unchanged_files_has_no_batch_and_is_done() -> None:
     report = LoadReport(batch_id="b", scanned=20, uploaded=20, outcomes=Counter(unchanged=20))
     assert _poll(_NoBatchYet(), report)
+
+
+class _Server(Remote):
+    """An API that accepts every upload into one batch, which the registry shows at once (less
+    `hidden` documents of it: replaced meanwhile by an upload outside this run)."""
+
+    def __init__(self, hidden: int = 0) -> None:
+        super().__init__("http://127.0.0.1:9", "unused-key-0123456789")
+        self.uploaded: list[str] = []
+        self.hidden = hidden
+
+    def post(self, path: str, **kwargs: Any) -> Any:
+        self.uploaded.append(kwargs["data"]["doc_id"])
+        return {"documents": [{"outcome": "created", "status": "queued"}]}
+
+    def get(self, path: str, **_: Any) -> Any:
+        if "/batches/" in path:
+            total = len(set(self.uploaded)) - self.hidden
+            return {"counts": {"ready": total}, "failures": [], "done": True, "total": total}
+        return {"chunk_count": 0}
+
+
+def _files(tmp_path: Path, names: list[str]) -> list[tuple[Path, str]]:
+    for name in names:
+        (tmp_path / name).write_text(name)
+    return list(walk([tmp_path], None, recursive=False))
+
+
+def test_two_files_of_one_document_id_upload_one_and_reject_the_other(tmp_path: Path) -> None:
+    """Uploaded both, the second replaced the first, and the load waited for a second document
+    its batch would never hold."""
+    server = _Server()
+    files = _files(tmp_path, ["a b.txt", "a-b.txt", "c.txt"])
+    report = load(server, "kb", files, metadata={}, concurrency=2, wait=True, console=Console(quiet=True))
+    assert sorted(server.uploaded) == ["a-b.txt", "c.txt"]
+    assert report.outcomes == Counter(created=2, rejected=1)
+    [rejected] = report.failures
+    assert rejected["doc_id"] == "a-b.txt"
+    assert rejected["error"]["code"] == "CONFLICT"
+
+
+def test_a_batch_left_short_by_an_upload_outside_the_run_ends_the_wait(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(bulk, "SHORT_BATCH_GRACE_S", 0.5)
+    monkeypatch.setattr(time, "sleep", lambda _: None)  # the polls, one after another
+    server = _Server(hidden=1)
+    report = load(
+        server,
+        "kb",
+        _files(tmp_path, ["x.txt", "y.txt"]),
+        metadata={},
+        concurrency=1,
+        wait=True,
+        console=Console(quiet=True),
+    )
+    assert report.statuses == Counter(ready=1)

@@ -21,10 +21,27 @@ from tests.fixtures.hostile import PATH_NAMES
         ("notes/../../../../etc/passwd", "notes/etc/passwd"),
         ("a/./b//c", "a/b/c"),
         ("..", "document"),
+        ("my file (1).txt", "my-file-1-.txt"),
+        ("日本.txt", "日本.txt"),
+        ("отчёт.txt", "отчёт.txt"),
+        ("हिन्दी.md", "हिन्दी.md"),
+        ("e\u0301te\u0301.txt", "\u00e9t\u00e9.txt"),  # decomposed accents: the composed name's id
+        ("report\u202egnp.exe", "report-gnp.exe"),
     ],
 )
 def test_ids_keep_the_name_without_dot_segments(raw: str, doc_id: str) -> None:
     assert safe_doc_id(raw) == doc_id
+
+
+def test_names_in_other_scripts_stay_apart() -> None:
+    """An ASCII-only rule made them all "txt": each upload replaced the one before."""
+    names = ["日本.txt", "中国.txt", "отчёт.txt", "счёт.txt", "ελληνικά.txt", "عربي.txt", "txt"]
+    assert len({safe_doc_id(name) for name in names}) == len(names)
+
+
+@pytest.mark.parametrize("name", ["日" * 150 + ".txt", "x" * 250, "ü" * 199])
+def test_a_long_name_gives_an_id_within_the_registry_keys_bounds(name: str) -> None:
+    assert check_doc_id(safe_doc_id(name)) == safe_doc_id(name)
 
 
 @pytest.mark.parametrize("name", PATH_NAMES)
@@ -81,3 +98,14 @@ def test_ordinary_explicit_ids_are_kept_as_given(doc_id: str) -> None:
 @pytest.mark.parametrize("name", PATH_NAMES)
 def test_every_derived_id_passes_the_explicit_rule(name: str) -> None:
     assert check_doc_id(safe_doc_id(name)) == safe_doc_id(name)
+
+
+def test_files_of_one_upload_that_would_be_one_document_are_refused() -> None:
+    """Accepted both, the second replaced the first, each answered as accepted."""
+    from services.api.upload_body import _one_file_a_document
+
+    _one_file_a_document(["日本.txt", "中国.txt", "a-b.txt"])
+    with pytest.raises(RaglineError) as refused:
+        _one_file_a_document(["c.txt", "a b.txt", "a-b.txt"])
+    assert refused.value.code == ErrorCode.INVALID_ARGUMENT
+    assert refused.value.details["files"] == [1, 2]
