@@ -192,7 +192,10 @@ def range_bound(value: Any) -> Any:
     if isinstance(value, bool):
         raise ValueError("a range bound is a number or an ISO 8601 date, not a boolean")
     if isinstance(value, int | float):
-        number = float(value)
+        try:
+            number = float(value)
+        except OverflowError:  # an integer of hundreds of digits: no float holds it
+            raise ValueError("a range bound is a finite number") from None
     elif isinstance(value, str):
         text = value.strip()
         if _ISO_DATE.fullmatch(text):

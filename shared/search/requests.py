@@ -108,7 +108,8 @@ class Filters(BaseModel):
 
 
 class SearchRequest(BaseModel):
-    model_config = {"extra": "forbid"}
+    # No NaN or infinity (Python's JSON reads them): a weight of NaN made every score null.
+    model_config = {"extra": "forbid", "allow_inf_nan": False}
     query: str = Field(min_length=1, max_length=4000)
     kb_ids: list[str] | None = Field(
         None, max_length=100, description="Default: every KB the caller may read."

@@ -22,6 +22,7 @@ readers never see two versions mixed.
 
 from __future__ import annotations
 
+import logging
 import time
 from dataclasses import dataclass
 from typing import Any
@@ -31,7 +32,7 @@ from opensearchpy import OpenSearch
 from shared.config import Settings
 from shared.errors import ErrorCode, RaglineError
 from shared.registry import Registry
-from shared.search.chunk_index import fetch_hits, search_arms
+from shared.search.chunk_index import fetch_hits, rejection, search_arms
 from shared.search.fusion import Fusion, fuse
 from shared.search.metadata import stored_metadata
 from shared.search.placement import RecentPlacements
@@ -51,6 +52,8 @@ from shared.search.requests import (
     SearchResponse,
 )
 from shared.search.schema import chunks_alias
+
+log = logging.getLogger(__name__)
 
 
 class Searcher:
@@ -88,7 +91,7 @@ class Searcher:
         arms: dict[str, list[tuple[str, float]]] = {}
         for arm, response in zip(arm_of_line, responses, strict=True):
             if "error" in response:
-                raise RaglineError("the search index could not answer", code=ErrorCode.UNAVAILABLE)
+                raise arm_failure(response["error"])
             ranked = arms.setdefault(arm, [])
             for hit in response["hits"]["hits"]:
                 if arm == SEMANTIC and request.min_score is not None and hit["_score"] < request.min_score:
@@ -248,3 +251,17 @@ def _hit(
         document_keyword=arms.get(DOCUMENT_KEYWORD, ArmResult()),
         document_semantic=arms.get(DOCUMENT_SEMANTIC, ArmResult()),
     )
+
+
+def arm_failure(error: Any) -> RaglineError:
+    """What an arm's failure means to the caller: a query too large for the engine is theirs to
+    change (INVALID_ARGUMENT); anything else is the index's, logged by kind for the operator."""
+    kinds = [rejection(error), *(rejection(cause) for cause in (error.get("root_cause") or [])[:3])]
+    if any("too_many" in kind for kind in kinds):
+        return RaglineError(
+            "the query has too many terms for the search engine's clause limit: shorten it",
+            code=ErrorCode.INVALID_ARGUMENT,
+            details={"field": "query"},
+        )
+    log.warning("a search arm failed: %s", "; ".join(kinds))
+    return RaglineError("the search index could not answer", code=ErrorCode.UNAVAILABLE)

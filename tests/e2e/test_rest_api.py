@@ -220,6 +220,8 @@ def test_oversized_upload_is_refused_and_leaves_nothing(server: Server, settings
         ({"query": "x", "top_k": 1000}, "top_k"),
         ({"query": "x", "mode": "magic"}, "mode"),
         ({"query": "x", "filters": {"metadata": {"a": {"range": {}}}}}, "filters"),
+        ({"query": "x", "filters": {"metadata": {"a": {"range": {"gte": 10**400}}}}}, "filters"),
+        ({"query": "x", "weights": {"keyword": float("nan")}}, "weights"),
         ({"query": "x", "weights": {"keyword": -1}}, "weights"),
         ({"query": "x", "weights": {"title": 1}}, "weights"),
         ({"query": "x", "weights": {"keyword": 0, "document_semantic": 0}}, "weights"),
@@ -233,6 +235,19 @@ def test_bad_search_requests_get_a_422_envelope(server: Server, body: dict[str, 
     envelope = response.json()
     assert envelope["code"] == "INVALID_ARGUMENT"
     assert any(field in e["field"] for e in envelope["details"]["errors"])
+
+
+@pytest.mark.parametrize("mode", ["keyword", "hybrid"])
+def test_a_query_over_the_engines_clause_limit_is_the_callers_to_shorten(
+    server: Server, mixed_kb: str, mode: str
+) -> None:
+    """Within the length limit, yet more terms than OpenSearch takes clauses: a 503 told clients to
+    retry what could never pass, and told operators nothing."""
+    query = " ".join(f"term{n}" for n in range(600))
+    with server.client("a_read") as client:
+        response = client.post("/v1/search", json={"query": query, "mode": mode, "kb_ids": [mixed_kb]})
+    assert response.status_code == 422, response.text
+    assert response.json()["code"] == "INVALID_ARGUMENT"
 
 
 def test_other_bad_requests_are_4xx_envelopes(server: Server, mixed_kb: str) -> None:

@@ -182,6 +182,7 @@ def test_date_ranges_cover_whole_days_and_respect_offsets() -> None:
         {"gte": "2021-02-30"},
         {"gte": True},
         {"gte": "nan"},
+        {"gte": 10**400},  # an integer no float holds: it raised OverflowError, a 500
         {"gt": 1, "gte": 2},
         {},
     ],
@@ -225,3 +226,12 @@ def test_reported_scores_depend_on_the_order_only() -> None:
     scaled = [(h, s * 7.3 + 1) for h, s in chosen]
     assert reported_scores(scaled, Fusion.Z_SCORE) == reported_scores(chosen, Fusion.MIN_MAX)
     assert reported_scores(chosen, Fusion.RRF) == chosen
+
+
+@pytest.mark.parametrize("weight", ["NaN", "Infinity", "1e400"])
+def test_a_weight_that_is_no_number_is_refused(weight: str) -> None:
+    """Python's JSON reads NaN and infinities: a NaN weight made every fused score null."""
+    with pytest.raises(ValidationError):
+        SearchRequest.model_validate_json(f'{{"query": "x", "weights": {{"keyword": {weight}}}}}')
+    with pytest.raises(ValidationError):
+        SearchRequest.model_validate(json.loads(f'{{"query": "x", "weights": {{"keyword": {weight}}}}}'))
