@@ -127,3 +127,27 @@ def test_a_mail_whose_body_is_another_text_type_keeps_its_body(tmp_path: Path) -
         b"===================\n\nThe maintainer's life is a busy one.\n"
     )
     assert "The maintainer's life is a busy one." in _texts(_parsed(tmp_path, mail))
+
+
+def _message(charset: str, body: bytes) -> bytes:
+    head = (
+        "From: keeper@example.org\r\nTo: crew@example.org\r\nSubject: Harbour notes\r\nMIME-Version: 1.0\r\n"
+        f"Content-Type: text/plain; charset={charset}\r\nContent-Transfer-Encoding: 8bit\r\n\r\n"
+    )
+    return head.encode("ascii") + body
+
+
+@pytest.mark.parametrize(
+    ("charset", "body"),
+    [
+        ("unknown-8bit", "Café crème at the harbour.\r\n".encode()),  # mail archives' label
+        ("unknown-8bit", "Café crème at the harbour.\r\n".encode("cp1252")),
+        ("utf8mb4", "Café crème at the harbour.\r\n".encode()),
+        ("x-user-defined", "Café crème at the harbour.\r\n".encode()),
+    ],
+)
+def test_a_charset_label_without_a_codec_is_read_as_a_file_would_be(
+    tmp_path: Path, charset: str, body: bytes
+) -> None:
+    """The partitioner failed the whole message on the label (LookupError)."""
+    assert "Café crème at the harbour." in _texts(_parsed(tmp_path, _message(charset, body)))

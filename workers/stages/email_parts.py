@@ -7,12 +7,15 @@ only the message body with unstructured and hands each attachment back to its ow
 
 from __future__ import annotations
 
+import codecs
 from collections.abc import Iterator
 from dataclasses import dataclass
 from email import policy
 from email.message import EmailMessage, Message
 from email.parser import BytesParser
 from pathlib import Path
+
+from workers.text_encoding import decode
 
 
 @dataclass(frozen=True)
@@ -43,6 +46,38 @@ def attachments(path: Path) -> Iterator[Attachment]:
     for part in message.iter_attachments():
         if isinstance(part, EmailMessage):
             yield Attachment(part.get_filename(), _bytes_of(part))
+
+
+def with_known_charsets(path: Path, scratch: Path) -> Path:
+    """The message at `path`, or, where a text part names a charset Python has no codec for (mail
+    archives write `unknown-8bit`; `utf8mb4`, `x-user-defined` are seen too), a copy in `scratch`
+    with each such part read as text_encoding reads a file and stored as UTF-8: the partitioner
+    failed the whole message on the label (LookupError)."""
+    with path.open("rb") as handle:
+        message = BytesParser(policy=policy.default).parse(handle)
+    changed = False
+    for part in message.walk():
+        charset = part.get_content_charset()
+        if part.is_multipart() or part.get_content_maintype() != "text" or charset is None or _known(charset):
+            continue
+        payload = part.get_payload(decode=True)
+        if isinstance(part, EmailMessage):
+            text = decode(payload) if isinstance(payload, bytes) else ""
+            part.set_content(text, subtype=part.get_content_subtype(), charset="utf-8")
+            changed = True
+    if not changed:
+        return path
+    copy = scratch / "message.eml"
+    copy.write_bytes(message.as_bytes())
+    return copy
+
+
+def _known(charset: str) -> bool:
+    try:
+        codecs.lookup(charset)
+    except LookupError:
+        return False
+    return True
 
 
 def other_text_body(path: Path) -> str | None:

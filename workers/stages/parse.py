@@ -41,7 +41,7 @@ from workers.sandbox import SandboxError, run_limited, timed_out
 from workers.sniff import ARCHIVE_KINDS, FileKind, detect
 from workers.stages.base import StageResult
 from workers.stages.elements import Element, element
-from workers.stages.email_parts import attachments, other_text_body
+from workers.stages.email_parts import attachments, other_text_body, with_known_charsets
 from workers.stages.markdown_text import markdown_elements
 from workers.stages.plain_text import text_elements
 from workers.text_encoding import decode, decode_markup
@@ -395,11 +395,13 @@ def _email(path: Path, ocr: bool, limits: ParseSettings, depth: int) -> list[Ele
     """
     from unstructured.partition.email import partition_email
 
-    elements = _from_unstructured(
-        partition_email(filename=str(path), process_attachments=False, languages=LANGUAGES)
-    )
-    if not elements and (body := other_text_body(path)) is not None:
-        elements = text_elements(body)
+    with tempfile.TemporaryDirectory(prefix="ragline-message-") as scratch:
+        readable = with_known_charsets(path, Path(scratch))
+        elements = _from_unstructured(
+            partition_email(filename=str(readable), process_attachments=False, languages=LANGUAGES)
+        )
+        if not elements and (body := other_text_body(readable)) is not None:
+            elements = text_elements(body)
     with tempfile.TemporaryDirectory(prefix="ragline-attachments-") as scratch:
         for index, attachment in enumerate(attachments(path)):
             if index >= limits.max_archive_members:
