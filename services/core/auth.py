@@ -10,6 +10,7 @@ from __future__ import annotations
 import hashlib
 import hmac
 import json
+import logging
 import threading
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -20,6 +21,8 @@ from pydantic import TypeAdapter, ValidationError
 
 from shared.config import ApiKey, AuthSettings, ConfigError
 from shared.errors import ErrorCode, RaglineError
+
+log = logging.getLogger(__name__)
 
 
 class Role(IntEnum):
@@ -57,6 +60,19 @@ def _problem(error: Exception) -> str:
     return type(error).__name__
 
 
+def _listed_twice(entries: list[_Entry]) -> str | None:
+    """What is wrong where one key is listed twice (the names of both entries), else None."""
+    seen: dict[bytes, _Entry] = {}
+    for entry in entries:
+        earlier = seen.setdefault(entry.digest, entry)
+        if earlier is not entry:
+            return (
+                f"the keys named {earlier.principal.name!r} and {entry.principal.name!r} are one key, "
+                "listed twice: give each entry a key of its own"
+            )
+    return None
+
+
 class KeyRing:
     """Looks up the principal of a presented key (constant-time comparison of digests)."""
 
@@ -76,6 +92,8 @@ class KeyRing:
             Principal(anonymous_tenant, Role.ADMIN, "anonymous") if settings.allow_anonymous else None
         )
         self._static = [self._entry(k) for k in settings.api_keys]
+        if (twice := _listed_twice(self._static)) is not None:
+            raise ConfigError(f"RAGLINE_AUTH__API_KEYS: {twice}")
         self._file = settings.keys_file
         self._file_text: bytes | None = None
         self._file_keys: list[_Entry] = []
@@ -107,8 +125,16 @@ class KeyRing:
             if strict:
                 raise ConfigError(f"RAGLINE_AUTH__KEYS_FILE: cannot read {path}: {_problem(error)}") from None
             return  # keep the last good keys; a half-written file must not lock everyone out
+        entries = [self._entry(k) for k in keys]
+        if (twice := _listed_twice([*self._static, *entries])) is not None:
+            # Which tenant the key is would depend on the order of the list: the last good keys
+            # stay, and the operator is told.
+            if strict:
+                raise ConfigError(f"RAGLINE_AUTH__KEYS_FILE: {twice}")
+            log.error("RAGLINE_AUTH__KEYS_FILE: %s; the keys before this change stay in force", twice)
+            return
         with self._lock:
-            self._file_keys = [self._entry(k) for k in keys]
+            self._file_keys = entries
             self._file_text = text
 
     def principal(self, presented: str | None) -> Principal:
