@@ -13,6 +13,7 @@ from opensearchpy.exceptions import ConnectionError as OpenSearchConnectionError
 from opensearchpy.exceptions import TransportError
 from redis.exceptions import RedisError
 from starlette.exceptions import HTTPException
+from starlette.requests import ClientDisconnect
 
 from services.core.envelope import envelope
 from shared.errors import ErrorCode, RaglineError
@@ -83,6 +84,13 @@ def install(app: FastAPI) -> None:
             return envelope(ErrorCode.UNAVAILABLE, "the search cluster is busy or unavailable; retry shortly")
         log.error("OpenSearch rejected a request: %s", error.error)
         return envelope(ErrorCode.INVALID_ARGUMENT, "the request could not be executed")
+
+    @app.exception_handler(ClientDisconnect)
+    async def _gone(_: Request, error: ClientDisconnect) -> JSONResponse:
+        # The client left while its body was read (a dropped upload): no one reads this answer,
+        # and it is no error of the server's.
+        log.info("the client left before its request's body was read")
+        return envelope(ErrorCode.INVALID_ARGUMENT, "the request's body ended early")
 
     @app.exception_handler(Exception)
     async def _bug(_: Request, error: Exception) -> JSONResponse:

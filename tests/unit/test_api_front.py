@@ -10,11 +10,11 @@ from typing import Any
 
 import httpx
 import pytest
-from fastapi import FastAPI
+from fastapi import FastAPI, Request
 from fastapi.testclient import TestClient
 from kombu.exceptions import OperationalError
 from mcp.server.transport_security import TransportSecurityMiddleware, TransportSecuritySettings
-from starlette.types import Receive, Scope, Send
+from starlette.types import Message, Receive, Scope, Send
 
 from services.api import errors
 from services.api.app import BodyLimit, body_limits
@@ -234,3 +234,28 @@ def test_a_broker_that_cannot_take_a_send_is_unavailable() -> None:
         response = client.post("/send")
     assert response.status_code == 503
     assert response.json()["code"] == "UNAVAILABLE"
+
+
+async def test_a_client_that_leaves_mid_body_is_no_server_error(caplog: pytest.LogCaptureFixture) -> None:
+    """A dropped upload logged an "unhandled error" with its traceback, at error level."""
+    app = FastAPI()
+    errors.install(app)
+
+    @app.post("/upload")
+    async def upload(request: Request) -> None:
+        await request.body()
+
+    part: Message = {"type": "http.request", "body": b"part", "more_body": True}
+    messages = iter([part, {"type": "http.disconnect"}])
+    sent: list[Message] = []
+
+    async def receive() -> Message:
+        return next(messages)
+
+    async def send(message: Message) -> None:
+        sent.append(message)
+
+    scope = {"type": "http", "method": "POST", "path": "/upload", "headers": [], "query_string": b""}
+    await app(scope, receive, send)
+    assert not [r for r in caplog.records if r.levelname in ("ERROR", "CRITICAL")]
+    assert sent[0]["status"] < 500
