@@ -10,7 +10,10 @@ tenant, and everything else is fair-queued per tenant behind a bounded backlog.
   document of at most `api.interactive_max_bytes`, while the tenant has fewer than
   `api.interactive_max_in_flight` interactive documents unfinished. Asking for it is a wish, not a
   right: a document that does not qualify, or comes over the quota, goes to the tenant's fair lane,
-  so an agent's burst is accepted and still cannot starve other tenants.
+  so an agent's burst is accepted and still cannot starve other tenants. Its size is judged again
+  once chunked (`queue_after_chunking`): one that makes more than `api.interactive_max_chunks`
+  chunks (a 1 MB CSV of 50,000 columns made 3,255, minutes of embedding) goes on in the bulk
+  queue, so one large document does not hold the lane every tenant's agents wait on.
 - `bulk` waits in the tenant's fair lane (shared/fairqueue.py); a request is refused with
   RATE_LIMITED while the tenant's waiting documents and the request's would pass
   `api.max_queued_tasks` (a request larger than the bound is taken only when nothing waits).
@@ -75,6 +78,13 @@ def may_be_interactive(settings: Settings, priority: str | None, sizes: list[int
         and INTERACTIVE_QUEUE in settings.celery.queues
         and api.interactive_max_in_flight > 0
     )
+
+
+def queue_after_chunking(settings: Settings, queue: str, chunks: int) -> str:
+    """The queue of a document's stages after chunking: bulk for an interactive one of too many chunks."""
+    if queue == INTERACTIVE_QUEUE and chunks > settings.api.interactive_max_chunks:
+        return fairqueue.BULK_QUEUE
+    return queue
 
 
 def slots_key(tenant_id: str) -> str:

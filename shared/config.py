@@ -478,6 +478,12 @@ class ApiSettings(_Section):
     interactive_max_bytes: int = Field(
         5 << 20, ge=0, description="Single uploads up to this size go to the interactive queue."
     )
+    interactive_max_chunks: int = Field(
+        200,
+        ge=1,
+        description="An interactive document that chunks into more goes on in the bulk queue "
+        "(its embedding would hold the interactive lane).",
+    )
     interactive_max_in_flight: int = Field(
         4,
         ge=0,

@@ -143,7 +143,9 @@ def hand_over(
     nxt = lifecycle.next_stage(ref.stage, result)
     if nxt is not None:
         ctx.blobs.put_artifact(artifact_key(ref, ref.stage), result.artifact)
-    chains = nxt is not None and runs_here(ctx, claimed.doc, ref.stage, nxt, stages)
+    # A document moved to another queue (workers/stages/chunk.py) is sent there, never chained.
+    moves = result.updates.get("queue", claimed.doc.queue) != claimed.doc.queue
+    chains = nxt is not None and not moves and runs_here(ctx, claimed.doc, ref.stage, nxt, stages)
     moved = lifecycle.advance(
         claimed.doc, ref.stage, result, elapsed, lifecycle_policy(ctx.settings), utcnow(), chains=chains
     )

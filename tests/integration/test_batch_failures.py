@@ -97,3 +97,40 @@ def test_a_retried_document_runs_alone_and_its_own_failure_is_its_own(
         )
     finally:
         services.redis.delete(peers.waiting_key(Stage.PARSE))
+
+
+def test_an_interactive_document_of_many_chunks_is_embedded_from_the_bulk_queue(
+    registry: Registry, settings: Settings, services: Services
+) -> None:
+    """A small file that makes many chunks held the interactive lane for minutes: every tenant's
+    agent waited behind it. Its embedding goes to the bulk queue, through the broker."""
+    kb = new_kb(registry, pii_policy="off", chunk_size=64)
+    paragraphs = [
+        f"Paragraph {n}: the harbour master logs each vessel, its cargo and its berth." for n in range(40)
+    ]
+    orphan(
+        registry,
+        settings,
+        kb,
+        "long-note.txt",
+        "\n\n".join(paragraphs).encode(),
+        queue="interactive",
+        lease_until=utcnow() + QUEUE_LEASE,
+    )
+    version = registry.require_doc(kb.tenant_id, kb.kb_id, "long-note.txt").doc.content_version
+    api = settings.api.model_copy(update={"interactive_max_chunks": 2})
+    here = replace(services, settings=settings.model_copy(update={"api": api}))
+
+    def not_here(*_: Any) -> Any:
+        raise AssertionError("embedded in the interactive task")
+
+    stages = replace(
+        STAGES,
+        functions={**STAGES.functions, Stage.EMBED: not_here},
+        batches={**STAGES.batches, Stage.EMBED: not_here},
+    )
+    run_stage(here, StageRef(kb.tenant_id, kb.kb_id, "long-note.txt", version, Stage.PARSE), stages, 0)
+    doc = wait_terminal(registry, kb, ["long-note.txt"], timeout_s=180)["long-note.txt"]
+    assert doc.status == DocStatus.READY, doc.error
+    assert doc.chunk_count > 2
+    assert doc.queue == "bulk"

@@ -12,6 +12,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
+from shared.admission import queue_after_chunking
 from shared.embedding import HEADER_TOKEN_BUDGET, SPECIAL_TOKENS, TokenCounter, token_counter
 from shared.errors import ErrorCode, RaglineError
 from shared.models import Document
@@ -240,7 +241,8 @@ def run(ctx: WorkerContext, doc: Document, parsed: dict[str, Any]) -> StageResul
     )
     if not chunks:
         raise RaglineError("the document holds no text to index", code=ErrorCode.EMPTY_DOCUMENT)
+    queue = queue_after_chunking(ctx.settings, doc.queue, len(chunks))
     return StageResult(
         artifact={**parsed, "text": text, "chunks": chunks},
-        updates={"chunk_count": len(chunks)},
+        updates={"chunk_count": len(chunks), **({"queue": queue} if queue != doc.queue else {})},
     )
