@@ -478,6 +478,13 @@ class ApiSettings(_Section):
     interactive_max_bytes: int = Field(
         5 << 20, ge=0, description="Single uploads up to this size go to the interactive queue."
     )
+    max_buffered_bytes: int = Field(
+        256 << 20,
+        ge=1 << 20,
+        description="Request bodies read whole (MCP messages, JSON uploads) a process holds at once, "
+        "across its requests; past it a request gets 503 UNAVAILABLE with Retry-After (one request "
+        "alone always passes).",
+    )
     interactive_max_chunks: int = Field(
         200,
         ge=1,

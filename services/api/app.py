@@ -21,6 +21,7 @@ from services.api.readiness import Readiness
 from services.api.request_context import RequestContext
 from services.api.routes import batches, chunks, documents, health, kbs, search, sources
 from services.api.upload_body import is_json_upload
+from services.core.buffer_budget import BUDGET
 from services.core.container import AppState, build_state
 from services.core.envelope import envelope
 from services.mcp.http import mcp_routes
@@ -51,8 +52,21 @@ def body_limits(api: ApiSettings) -> Callable[[Scope], int]:
     return limit
 
 
+def held_whole(scope: Scope) -> bool:
+    """Whether the route reads the body whole before it parses it: a JSON upload. (An MCP message
+    is too, counted by the MCP app's own limit, services/mcp/sessions.py.)"""
+    content_type = Headers(raw=scope.get("headers", [])).get("content-type", "")
+    return (
+        is_rest(scope)
+        and scope["method"] == "POST"
+        and bool(_UPLOAD.match(scope["path"]))
+        and is_json_upload(content_type)
+    )
+
+
 class BodyLimit:
-    """Refuses request bodies over the request's limit while they stream in, declared length or not."""
+    """Refuses request bodies over the request's limit while they stream in, declared length or not;
+    a body read whole is held in the process's budget (services/core/buffer_budget.py) meanwhile."""
 
     def __init__(self, app: ASGIApp, limits: Callable[[Scope], int]) -> None:
         self.app = app
@@ -69,12 +83,16 @@ class BodyLimit:
             return
         received = 0
         responded = False
+        whole = held_whole(scope)
 
         async def counted() -> Message:
             nonlocal received
             message = await receive()
             if message["type"] == "http.request":
-                received += len(message.get("body", b""))
+                part = len(message.get("body", b""))
+                if whole:
+                    BUDGET.take(part, received)  # UNAVAILABLE past it, answered by the route's handler
+                received += part
                 if received > limit:
                     raise RaglineError(
                         f"the request exceeds {limit} bytes",
@@ -103,6 +121,9 @@ class BodyLimit:
             if received <= limit or responded:
                 raise
             await self._refuse(limit, scope, receive, send)
+        finally:
+            if whole:
+                BUDGET.give(received)
 
     @staticmethod
     async def _refuse(limit: int, scope: Scope, receive: Receive, send: Send) -> None:

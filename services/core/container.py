@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from services.core import buffer_budget
 from services.core.auth import KeyRing
 from services.core.identity import Authenticator
 from shared.config import Settings
@@ -27,5 +28,6 @@ def build_state(settings: Settings, *, http: bool = True) -> AppState:
     """Check the configuration (HTTP auth fails closed), then wire the services; OpenSearch may
     come up later."""
     auth = Authenticator(KeyRing(settings.auth, settings.tenant), settings.auth.oauth) if http else None
+    buffer_budget.configure(settings.api.max_buffered_bytes)
     services = build_services(settings)
     return AppState(**{name: getattr(services, name) for name in services.__dataclass_fields__}, auth=auth)

@@ -31,10 +31,11 @@ from starlette.responses import JSONResponse
 from starlette.types import Message, Receive, Scope, Send
 
 from services.core.auth import Principal
+from services.core.buffer_budget import BUDGET, RETRY_AFTER_S
 from services.core.envelope import envelope
 from services.mcp.sdk_patches import PerRequestSessions, install_session_manager
 from shared.config import Settings
-from shared.errors import ErrorCode
+from shared.errors import ErrorCode, RaglineError
 
 
 def owner(principal: Principal) -> AuthenticatedUser:
@@ -94,13 +95,28 @@ class EnvelopeBodyLimit(RequestBodyLimitMiddleware):
             await self._refuse(scope, receive, send)
             return
         body = bytearray()
+        try:
+            await self._read(body, scope, receive, send)
+        finally:
+            BUDGET.give(len(body))
+
+    async def _read(self, body: bytearray, scope: Scope, receive: Receive, send: Send) -> None:
+        """Read the body whole into `body` (its bytes held in the process's budget), then run the app."""
         pending: deque[Message] = deque()
         while True:
             message = await receive()
             if message["type"] != "http.request":
                 pending.append(message)  # a disconnect: passed on for the app to see
                 break
-            body.extend(message.get("body", b""))
+            part = message.get("body", b"")
+            try:
+                BUDGET.take(len(part), len(body))
+            except RaglineError as busy:
+                await envelope(busy.code, busy.message, busy.details, {"Retry-After": str(RETRY_AFTER_S)})(
+                    scope, receive, send
+                )
+                return
+            body.extend(part)
             if len(body) > self.max_body_size:
                 await self._refuse(scope, receive, send)
                 return

@@ -21,9 +21,13 @@ from services.api.app import BodyLimit, body_limits
 from services.api.auth_gate import AuthGate, resolved
 from services.api.host_check import HostCheck, allowed
 from services.api.single_flight import SingleFlight
+from services.core import buffer_budget
 from services.core.auth import KeyRing
+from services.core.buffer_budget import BufferBudget
 from services.core.identity import Authenticator
+from services.mcp.sessions import EnvelopeBodyLimit
 from shared.config import ApiKey, ApiSettings, AuthSettings
+from shared.errors import ErrorCode, RaglineError
 
 pytestmark = pytest.mark.anyio
 
@@ -259,3 +263,52 @@ async def test_a_client_that_leaves_mid_body_is_no_server_error(caplog: pytest.L
     await app(scope, receive, send)
     assert not [r for r in caplog.records if r.levelname in ("ERROR", "CRITICAL")]
     assert sent[0]["status"] < 500
+
+
+def test_a_budget_lets_one_request_through_alone_and_refuses_past_it() -> None:
+    budget = BufferBudget(100)
+    budget.take(150, 0)  # alone: its own body limit bounds it
+    with pytest.raises(RaglineError) as busy:
+        budget.take(10, 0)
+    assert busy.value.code == ErrorCode.UNAVAILABLE
+    budget.take(10, 150)  # the same request reading on
+    budget.give(160)
+    budget.take(60, 0)
+    budget.take(40, 0)
+    assert budget.held == 100
+
+
+async def test_bodies_read_whole_at_once_are_bounded_across_requests(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Four MCP ingests of the largest file took an API process from 0.3 to 2.3 GB, each within its
+    own limit: the second body read whole while the first is held is refused, with Retry-After."""
+    monkeypatch.setattr(buffer_budget.BUDGET, "limit_bytes", 1000)
+    app = FastAPI()
+    errors.install(app)
+    held = asyncio.Event()
+    release = asyncio.Event()
+
+    @app.post("/v1/kbs/{kb}/documents")
+    async def upload(request: Request) -> dict[str, int]:
+        size = len(await request.body())
+        held.set()
+        await release.wait()
+        return {"read": size}
+
+    limited = BodyLimit(app, lambda _: 1 << 20)
+    json = {"content-type": "application/json"}
+    async with _client(limited) as client:
+        first = asyncio.create_task(client.post("/v1/kbs/k/documents", content=b"x" * 800, headers=json))
+        await held.wait()
+        refused = await client.post("/v1/kbs/k/documents", content=b"y" * 800, headers=json)
+        assert refused.status_code == 503
+        assert refused.json()["code"] == "UNAVAILABLE"
+        assert refused.headers["retry-after"]
+        small = await client.post("/v1/search", content=b"z" * 800)  # not read whole: not counted
+        assert small.status_code != 503
+        release.set()
+        assert (await first).json() == {"read": 800}
+    assert buffer_budget.BUDGET.held == 0
+    lone = EnvelopeBodyLimit(Recorder(), max_body_size=1 << 20)
+    async with _client(lone) as client:  # an MCP message alone may pass the budget
+        assert (await client.post("/mcp", content=b"{}" * 1000)).status_code == 200
+    assert buffer_budget.BUDGET.held == 0
