@@ -35,6 +35,7 @@ from shared.models import (
     Stage,
     check_doc_id,
     entry_stage,
+    file_label,
     safe_doc_id,
     utcnow,
 )
@@ -213,7 +214,9 @@ class Ingestor:
             doc_id = upload.doc_id or doc_id_for_url(upload.url)
             return self._register_url(tenant_id, kb_id, doc_id, upload.url, metadata, batch_id, admission)
         blob = self.blobs.put(upload.data, max_bytes=self.settings.api.max_file_bytes)
-        final_id = upload.doc_id or safe_doc_id(upload.filename or f"doc-{blob.sha256[:16]}")
+        # Whichever front it came through (a form, JSON, an MCP call): a label, never a path.
+        filename = file_label(upload.filename) if upload.filename else None
+        final_id = upload.doc_id or safe_doc_id(filename or f"doc-{blob.sha256[:16]}")
         for _ in range(5):
             try:
                 return self._register_pinned(
@@ -222,10 +225,10 @@ class Ingestor:
                     final_id,
                     blob.sha256,
                     blob.size,
-                    upload.filename,
+                    filename,
                     upload.mime_type,
                     metadata,
-                    (source_uri or upload.filename, source_id),
+                    (source_uri or filename, source_id),
                     batch_id,
                     admission,
                 )

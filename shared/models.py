@@ -266,6 +266,14 @@ def entry_stage(doc: Document) -> Stage:
     return Stage.FETCH if doc.stage == Stage.FETCH else Stage.PARSE
 
 
+def file_label(name: str) -> str:
+    """A caller's file name without directories or unprintable characters (NUL, controls, the
+    bidirectional marks): a label, never a path, kept as the document's filename."""
+    base = name.replace("\\", "/").rsplit("/", 1)[-1]
+    cleaned = "".join(c for c in base if c.isprintable()).strip(" .")
+    return cleaned[:255] or "upload"
+
+
 def safe_doc_id(raw: str) -> str:
     """A document id derived from a file name or path: stable, at most DOC_ID_MAX_CHARS characters
     and DOC_ID_MAX_BYTES bytes, letters and digits of any script kept (NFC), every other character

@@ -19,7 +19,7 @@ from starlette.datastructures import UploadFile
 
 from shared.errors import ErrorCode, RaglineError
 from shared.ingest import Upload
-from shared.models import safe_doc_id
+from shared.models import file_label, safe_doc_id
 
 _READ_CHUNK = 1 << 20
 _MAX_FILES = 1000
@@ -129,7 +129,7 @@ async def _read_json(request: Request) -> UploadBody:
         )
     return UploadBody(
         uploads=[upload],
-        names=[body.filename],
+        names=[file_label(body.filename) if body.filename else None],
         metadata=body.metadata,
         batch_id=body.batch_id or uuid.uuid4().hex,
         priority=body.priority,
@@ -145,7 +145,7 @@ def _from_form(form: Any) -> UploadBody:
     doc_id = _field(form, "doc_id")
     if doc_id is not None and len(files) > 1:
         raise RaglineError("doc_id can only be given with a single file", code=ErrorCode.INVALID_ARGUMENT)
-    names = [_clean_name(f.filename or "upload") for f in files]
+    names = [file_label(f.filename or "upload") for f in files]
     if doc_id is None:
         _one_file_a_document(names)
     uploads = [
@@ -202,13 +202,6 @@ def _one_file_a_document(names: list[str]) -> None:
                 code=ErrorCode.INVALID_ARGUMENT,
                 details={"field": "files", "files": [earlier, position]},
             )
-
-
-def _clean_name(name: str) -> str:
-    """The file name without directories or control characters: a label, never a path."""
-    base = name.replace("\\", "/").rsplit("/", 1)[-1]
-    cleaned = "".join(c for c in base if c.isprintable()).strip(" .")
-    return cleaned[:255] or "upload"
 
 
 def _field(form: Any, name: str) -> str | None:

@@ -195,6 +195,20 @@ def test_document_arms_lift_every_chunk_of_a_document_that_matches_as_a_whole(se
             assert all(h["document_keyword"]["rank"] is None for h in single), mode
 
 
+def test_a_file_name_is_a_printable_label_whichever_front_brought_it(server: Server) -> None:
+    """A multipart name was cleaned; the same name in a JSON upload was stored with its NUL and its
+    right-to-left override, which turn a listing into what they please."""
+    with server.client("a_admin") as client:
+        kb = _new_kb(client)
+        body = {"content": "The tide table for March.", "filename": "../tide\x00table\u202etxt.md"}
+        accepted = client.post(f"/v1/kbs/{kb}/documents", json=body)
+        assert accepted.status_code == 202, accepted.text
+        doc_id = accepted.json()["documents"][0]["doc_id"]
+        status = client.get(f"/v1/kbs/{kb}/documents/{doc_id}").json()
+    assert status["filename"] == "tidetabletxt.md"
+    assert doc_id == "tidetabletxt.md"
+
+
 def test_oversized_upload_is_refused_and_leaves_nothing(server: Server, settings: Settings) -> None:
     blobs = settings.state_dir / "blobstore" / "blobs"
     before = sum(1 for p in blobs.rglob("*") if p.is_file()) if blobs.exists() else 0

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from shared.errors import ErrorCode, RaglineError
-from shared.models import check_doc_id, safe_doc_id
+from shared.models import check_doc_id, file_label, safe_doc_id
 from tests.fixtures.hostile import PATH_NAMES
 
 
@@ -109,3 +109,17 @@ def test_files_of_one_upload_that_would_be_one_document_are_refused() -> None:
         _one_file_a_document(["c.txt", "a b.txt", "a-b.txt"])
     assert refused.value.code == ErrorCode.INVALID_ARGUMENT
     assert refused.value.details["files"] == [1, 2]
+
+
+@pytest.mark.parametrize(
+    ("name", "label"),
+    [
+        ("report.pdf", "report.pdf"),
+        ("../../etc/passwd", "passwd"),
+        ("a\x00b.txt", "ab.txt"),
+        ("x\u202egnp.exe", "xgnp.exe"),
+        ("", "upload"),
+    ],
+)
+def test_a_file_name_is_kept_as_a_printable_label(name: str, label: str) -> None:
+    assert file_label(name) == label
