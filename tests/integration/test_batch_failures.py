@@ -104,7 +104,7 @@ def test_an_interactive_document_of_many_chunks_is_embedded_from_the_bulk_queue(
 ) -> None:
     """A small file that makes many chunks held the interactive lane for minutes: every tenant's
     agent waited behind it. Its embedding goes to the bulk queue, through the broker."""
-    kb = new_kb(registry, pii_policy="off", chunk_size=64)
+    kb = new_kb(registry, pii_policy="off", chunk_size=64, chunk_overlap=8)
     paragraphs = [
         f"Paragraph {n}: the harbour master logs each vessel, its cargo and its berth." for n in range(40)
     ]
