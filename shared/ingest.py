@@ -214,9 +214,10 @@ class Ingestor:
             doc_id = upload.doc_id or doc_id_for_url(upload.url)
             return self._register_url(tenant_id, kb_id, doc_id, upload.url, metadata, batch_id, admission)
         blob = self.blobs.put(upload.data, max_bytes=self.settings.api.max_file_bytes)
-        # Whichever front it came through (a form, JSON, an MCP call): a label, never a path.
+        # Whichever front it came through (a form, JSON, an MCP call), the name kept is a label;
+        # the id comes from the name as given, whose path segments it keeps (safely).
         filename = file_label(upload.filename) if upload.filename else None
-        final_id = upload.doc_id or safe_doc_id(filename or f"doc-{blob.sha256[:16]}")
+        final_id = upload.doc_id or safe_doc_id(upload.filename or f"doc-{blob.sha256[:16]}")
         for _ in range(5):
             try:
                 return self._register_pinned(

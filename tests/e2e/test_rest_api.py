@@ -206,7 +206,7 @@ def test_a_file_name_is_a_printable_label_whichever_front_brought_it(server: Ser
         doc_id = accepted.json()["documents"][0]["doc_id"]
         status = client.get(f"/v1/kbs/{kb}/documents/{doc_id}").json()
     assert status["filename"] == "tidetabletxt.md"
-    assert doc_id == "tidetabletxt.md"
+    assert doc_id == "tide-table-txt.md"  # the id keeps the name's path safely; these are not kept
 
 
 def test_oversized_upload_is_refused_and_leaves_nothing(server: Server, settings: Settings) -> None:
