@@ -23,7 +23,7 @@ from rich.live import Live
 from rich.table import Table
 
 from client.http import ApiError, Remote, api_path
-from shared.models import safe_doc_id
+from shared.models import repeated_ids, safe_doc_id
 
 TERMINAL = {"ready", "failed", "deleted"}
 PLAIN_EVERY_S = 5.0
@@ -81,15 +81,14 @@ def walk(paths: list[Path], pattern: str | None, recursive: bool) -> Iterator[tu
 def _one_file_a_document(files: list[tuple[Path, str]], report: LoadReport) -> list[tuple[Path, str]]:
     """The files to upload: of two whose names give one document id ("a b.txt" and "a-b.txt"),
     the first; the second is rejected, where uploading it would replace the first."""
-    first: dict[str, Path] = {}
-    for file, doc_id in files:
-        if doc_id not in first:
-            first[doc_id] = file
-            continue
+    repeated = repeated_ids([doc_id for _, doc_id in files])
+    for earlier, later in repeated:
+        (file, doc_id), (first, _) = files[later], files[earlier]
         report.outcomes["rejected"] += 1
-        message = f"{file} gives the same document id as {first[doc_id]}; give it another name"
+        message = f"{file} gives the same document id as {first}; give it another name"
         report.rejected.append({"doc_id": doc_id, "error": {"code": "CONFLICT", "message": message}})
-    return [(file, doc_id) for doc_id, file in first.items()]
+    dropped = {later for _, later in repeated}
+    return [pair for n, pair in enumerate(files) if n not in dropped]
 
 
 def _upload(

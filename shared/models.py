@@ -274,6 +274,13 @@ def file_label(name: str) -> str:
     return cleaned[:255] or "upload"
 
 
+def repeated_ids(doc_ids: list[str]) -> list[tuple[int, int]]:
+    """(first position, later position) of each id that repeats an earlier one: in one request or
+    one load, the later document would replace the earlier, both answered as accepted."""
+    first: dict[str, int] = {}
+    return [(first[d], n) for n, d in enumerate(doc_ids) if first.setdefault(d, n) != n]
+
+
 def safe_doc_id(raw: str) -> str:
     """A document id derived from a file name or path: stable, at most DOC_ID_MAX_CHARS characters
     and DOC_ID_MAX_BYTES bytes, letters and digits of any script kept (NFC), every other character

@@ -19,7 +19,7 @@ from starlette.datastructures import UploadFile
 
 from shared.errors import ErrorCode, RaglineError
 from shared.ingest import Upload
-from shared.models import file_label, safe_doc_id
+from shared.models import file_label, repeated_ids, safe_doc_id
 
 _READ_CHUNK = 1 << 20
 _MAX_FILES = 1000
@@ -190,18 +190,16 @@ def _chunks(upload: UploadFile) -> Iterator[bytes]:
 
 
 def _one_file_a_document(names: list[str]) -> None:
-    """Refuse files of one request whose names give one document id ("a b.txt", "a-b.txt"): the
-    second would replace the first, both answered as accepted."""
-    first: dict[str, int] = {}
-    for position, name in enumerate(names):
-        earlier = first.setdefault(safe_doc_id(name), position)
-        if earlier != position:
-            raise RaglineError(
-                f"files {earlier} and {position} of the form give the same document id: rename one, "
-                "or send them apart, each with a doc_id",
-                code=ErrorCode.INVALID_ARGUMENT,
-                details={"field": "files", "files": [earlier, position]},
-            )
+    """Refuse a form of files whose names give one document id ("a b.txt", "a-b.txt")."""
+    repeated = repeated_ids([safe_doc_id(name) for name in names])
+    if repeated:
+        earlier, later = repeated[0]
+        raise RaglineError(
+            f"files {earlier} and {later} of the form give the same document id: rename one, "
+            "or send them apart, each with a doc_id",
+            code=ErrorCode.INVALID_ARGUMENT,
+            details={"field": "files", "files": [earlier, later]},
+        )
 
 
 def _field(form: Any, name: str) -> str | None:
