@@ -96,6 +96,7 @@ class KeyRing:
             raise ConfigError(f"RAGLINE_AUTH__API_KEYS: {twice}")
         self._file = settings.keys_file
         self._file_text: bytes | None = None
+        self._refused_text: bytes | None = None
         self._file_keys: list[_Entry] = []
         self._lock = threading.Lock()
         if self._file is not None:
@@ -118,7 +119,7 @@ class KeyRing:
             # Compare the bytes, not the mtime: two edits within one clock tick share an mtime,
             # and a revocation must never be missed. The file is small; reading it is cheap.
             text = path.read_bytes()
-            if text == self._file_text:
+            if text in (self._file_text, self._refused_text):
                 return
             keys = _KEYS.validate_python(json.loads(text))
         except (OSError, ValueError, ValidationError) as error:
@@ -132,6 +133,7 @@ class KeyRing:
             if strict:
                 raise ConfigError(f"RAGLINE_AUTH__KEYS_FILE: {twice}")
             log.error("RAGLINE_AUTH__KEYS_FILE: %s; the keys before this change stay in force", twice)
+            self._refused_text = text  # said once, not on every request while the file stays
             return
         with self._lock:
             self._file_keys = entries

@@ -84,7 +84,9 @@ def test_a_broken_keys_file_keeps_the_last_good_keys(tmp_path: Path) -> None:
     assert ring.principal(SECRET).tenant == "acme"
 
 
-def test_one_key_listed_for_two_tenants_is_refused_and_never_echoed(tmp_path: Path) -> None:
+def test_one_key_listed_for_two_tenants_is_refused_and_never_echoed(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
     """Which tenant it was depended on the order of the list: one tenant's key read the other's."""
     alice, bob = _entry(SECRET, tenant="alice", name="alice"), _entry(SECRET, tenant="bob", name="bob")
     with pytest.raises(ConfigError) as caught:
@@ -96,6 +98,9 @@ def test_one_key_listed_for_two_tenants_is_refused_and_never_echoed(tmp_path: Pa
     ring, keys_file = _ring(tmp_path, alice)
     keys_file.write_text(json.dumps([alice, bob]))  # an edit while serving: the last good keys stay
     assert ring.principal(SECRET).tenant == "alice"
+    assert ring.principal(SECRET).tenant == "alice"
+    said = [r for r in caplog.records if "listed twice" in r.getMessage()]
+    assert len(said) == 1  # once, not on every request while the file stays
 
 
 def test_an_expiry_without_time_zone_is_refused_at_startup_without_echoing_the_key(tmp_path: Path) -> None:
