@@ -86,7 +86,8 @@ def _date_term(key: str, text: str) -> str | None:
     return _term(key, encoded) if encoded is not None else None
 
 
-def _number(value: int | float) -> float | None:
+def finite_number(value: int | float) -> float | None:
+    """`value` as a float, or None where no finite float holds it (NaN, infinities, huge integers)."""
     try:
         number = float(value)
     except OverflowError:
@@ -125,7 +126,7 @@ def indexed_terms(metadata: dict[str, Any]) -> dict[str, list[str]]:
                 terms.append((VALUES, _term(key, value)))
                 if (dated := _date_term(key, value)) is not None:
                     terms.append((DATES, dated))
-        elif (number := _number(value)) is not None:
+        elif (number := finite_number(value)) is not None:
             terms.append((NUMBERS, _term(key, encode_number(number))))
         for field, term in terms:
             if term not in fields[field]:
@@ -171,14 +172,15 @@ def one_of(key: str, values: Sequence[Scalar]) -> dict[str, Any]:
             strings.append(_term(key, value))
             if (dated := _date_term(key, value)) is not None:
                 dates.append(dated)
-        elif (number := _number(value)) is not None:
+        elif (number := finite_number(value)) is not None:
             numbers.append(_term(key, encode_number(number)))
     clauses = [
         {"terms": {field: sorted(set(terms))}}
         for field, terms in ((VALUES, strings), (NUMBERS, numbers), (DATES, dates))
         if terms
     ]
-    # Only non-finite numbers: nothing can equal them.
+    # Only non-finite numbers (the request model refuses them; a caller of this function may not
+    # have one): nothing can equal them.
     return _any_of(clauses) if clauses else {"bool": {"must_not": [{"match_all": {}}]}}
 
 

@@ -12,7 +12,7 @@ from typing import Any
 from pydantic import BaseModel, Field, field_validator, model_validator
 
 from shared.search.fusion import Fusion
-from shared.search.metadata import range_bound, valid_key
+from shared.search.metadata import finite_number, range_bound, valid_key
 
 KEYWORD, SEMANTIC = "keyword", "semantic"
 DOCUMENT_KEYWORD, DOCUMENT_SEMANTIC = "document_keyword", "document_semantic"
@@ -65,6 +65,15 @@ class Range(BaseModel):
         return {k: v for k, v in given.items() if v is not None}
 
 
+def _compared(values: list[Scalar]) -> list[Scalar]:
+    """Values a filter compares for equality; a number no finite float holds is refused, as in a
+    range, instead of matching nothing."""
+    for value in values:
+        if isinstance(value, int | float) and not isinstance(value, bool) and finite_number(value) is None:
+            raise ValueError(f"a metadata value is a finite number, not {value!r:.40}")
+    return values
+
+
 class Condition(BaseModel):
     """One metadata condition: equality (`eq`), membership (`in`) or a range."""
 
@@ -77,6 +86,7 @@ class Condition(BaseModel):
     def _exactly_one(self) -> Condition:
         if sum(v is not None for v in (self.eq, self.in_, self.range)) != 1:
             raise ValueError("give exactly one of eq, in, range")
+        _compared([self.eq] if self.eq is not None else self.in_ or [])
         return self
 
 
@@ -104,6 +114,9 @@ class Filters(BaseModel):
         for key in value:
             if not valid_key(key) or any(c in key for c in '*?"\\ '):
                 raise ValueError(f"invalid metadata key {key!r}")
+        for wanted in value.values():
+            if not isinstance(wanted, Condition):
+                _compared(wanted if isinstance(wanted, list) else [wanted])
         return value
 
 

@@ -272,6 +272,11 @@ def test_other_bad_requests_are_4xx_envelopes(server: Server, mixed_kb: str) -> 
                 content=b'{"query": "x", "weights": {"keyword": NaN}}',
                 headers={"content-type": "application/json"},
             ),
+            client.post(  # an equality filter on NaN matched nothing, with 200, where a range got 422
+                "/v1/search",
+                content=b'{"query": "x", "filters": {"metadata": {"year": NaN}}}',
+                headers={"content-type": "application/json"},
+            ),
             client.post("/v1/kbs", json={"kb_id": "../etc", "name": "x"}),
             client.post("/v1/kbs", json={"kb_id": mixed_kb, "name": "again"}),
             client.get("/v1/kbs/unknown-kb"),

@@ -195,6 +195,25 @@ def test_invalid_ranges_are_refused_by_the_request_model(bounds: dict[str, Any])
         SearchRequest.model_validate_json(json.dumps(body))
 
 
+@pytest.mark.parametrize("number", ["NaN", "Infinity", "-Infinity", "1e400", "1" + "0" * 400])
+@pytest.mark.parametrize(
+    "shape",
+    ['{{"k": {0}}}', '{{"k": ["a", {0}]}}', '{{"k": {{"eq": {0}}}}}', '{{"k": {{"in": [1, {0}]}}}}'],
+)
+def test_equality_on_a_number_no_float_holds_is_refused_like_a_range(number: str, shape: str) -> None:
+    """It answered 200 with no hits, where the same number as a range bound was refused."""
+    body = f'{{"query": "x", "filters": {{"metadata": {shape.format(number)}}}}}'
+    with pytest.raises(ValidationError, match="finite number"):
+        SearchRequest.model_validate_json(body)
+    with pytest.raises(ValidationError, match="finite number"):
+        SearchRequest.model_validate(json.loads(body))
+
+
+def test_equality_on_finite_numbers_booleans_and_strings_is_accepted() -> None:
+    metadata = {"a": 2, "b": [1.5, "NaN", True], "c": {"eq": 10**300}, "d": {"in": [0, -3e300]}}
+    assert Filters.model_validate({"metadata": metadata}).metadata["a"] == 2
+
+
 def test_range_bounds_parse_the_same_from_json_and_python() -> None:
     for bounds in ({"gte": "2021-03-04"}, {"gte": "2021-03-04T00:00:00Z"}, {"gte": "20210304"}, {"lt": 7}):
         assert Range.model_validate(bounds).bounds() == Range.model_validate_json(json.dumps(bounds)).bounds()
