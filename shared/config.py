@@ -503,6 +503,22 @@ class ApiSettings(_Section):
         description="A tenant's bulk uploads get RATE_LIMITED (429) while this many of its documents wait.",
     )
     retry_after_s: int = Field(5, ge=1, le=3600, description="Retry-After sent with RATE_LIMITED.")
+    header_timeout_s: float = Field(
+        10.0,
+        gt=0,
+        le=600,
+        description="A connection whose request line and headers take longer (from its opening, or from "
+        "the first byte of its next request) is closed.",
+    )
+    body_grace_s: float = Field(
+        10.0, gt=0, le=600, description="Time a request body has before its least rate is enforced."
+    )
+    body_min_bytes_per_s: int = Field(
+        256,
+        ge=1,
+        description="Least average rate of a request body after the grace time; a slower one gets 408 "
+        "REQUEST_TIMEOUT and its connection is closed.",
+    )
     allowed_hosts: list[str] = Field(
         default_factory=lambda: ["127.0.0.1", "localhost", "[::1]"],
         description="Host headers accepted on /v1 and MCP (DNS-rebinding protection); add your public name.",

@@ -24,6 +24,7 @@ from services.api.upload_body import is_json_upload
 from services.core.buffer_budget import BUDGET
 from services.core.container import AppState, build_state
 from services.core.envelope import envelope
+from services.core.slow_clients import BodyRate
 from services.mcp.http import mcp_routes
 from services.mcp.server import build_mcp
 from shared import VERSION
@@ -175,6 +176,9 @@ def create_app(settings: Settings | None = None, state: AppState | None = None) 
     assert security is not None
     app.add_middleware(HostCheck, security=security)
     app.add_middleware(RequestLatency, metrics=app.state.metrics)
+    app.add_middleware(
+        BodyRate, grace_s=settings.api.body_grace_s, min_bytes_per_s=settings.api.body_min_bytes_per_s
+    )
     app.add_middleware(RequestContext)  # added last: outermost, so even a refused body gets an id
     return app
 

@@ -135,9 +135,8 @@ def serve(
 ) -> None:
     """Run the REST API (and MCP at /mcp) with uvicorn."""
     _needs_server("serve")
-    import uvicorn
-
     from services.api.app import create_app
+    from services.core import http_server
     from shared import logs, tracing
 
     settings = _settings()
@@ -148,15 +147,7 @@ def serve(
     except ConfigError as error:
         typer.echo(str(error), err=True)
         raise typer.Exit(2) from None
-    uvicorn.run(
-        api,
-        host=host or settings.api.host,
-        port=port or settings.api.port,
-        log_level=settings.log_level.lower(),
-        log_config=None,  # uvicorn's loggers go through Ragline's handler (see shared/logs.py)
-        proxy_headers=False,
-        server_header=False,
-    )
+    http_server.run(api, settings, host or settings.api.host, port or settings.api.port)
 
 
 class McpTransport(StrEnum):

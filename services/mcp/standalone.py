@@ -11,13 +11,15 @@ import logging
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
-import uvicorn
 from starlette.applications import Starlette
+from starlette.middleware import Middleware
 from starlette.requests import Request
 from starlette.responses import JSONResponse
 from starlette.routing import Route
 
+from services.core import http_server
 from services.core.container import build_state
+from services.core.slow_clients import BodyRate
 from services.mcp.http import Transport, mcp_routes
 from services.mcp.server import build_mcp
 from shared import logs
@@ -45,18 +47,17 @@ def create_app(settings: Settings, transport: Transport) -> Starlette:
     async def healthz(_: Request) -> JSONResponse:
         return JSONResponse({"status": "ok"})
 
-    return Starlette(routes=[Route("/healthz", healthz, methods=["GET", "HEAD"]), *routes], lifespan=lifespan)
+    paced = Middleware(
+        BodyRate, grace_s=settings.api.body_grace_s, min_bytes_per_s=settings.api.body_min_bytes_per_s
+    )
+    return Starlette(
+        routes=[Route("/healthz", healthz, methods=["GET", "HEAD"]), *routes],
+        middleware=[paced],
+        lifespan=lifespan,
+    )
 
 
 def serve_http(settings: Settings, transport: Transport, host: str, port: int) -> None:
     """Serve MCP over `transport` on host:port until stopped."""
     logs.configure("mcp", settings.log_level, settings.log_format, logs.secret_values(settings))
-    uvicorn.run(
-        create_app(settings, transport),
-        host=host,
-        port=port,
-        log_level=settings.log_level.lower(),
-        log_config=None,  # uvicorn's loggers go through Ragline's handler (see shared/logs.py)
-        proxy_headers=False,
-        server_header=False,
-    )
+    http_server.run(create_app(settings, transport), settings, host, port)

@@ -1,0 +1,132 @@
+"""Bounds on clients that send slowly: a request's headers within a time, its body at a least rate.
+
+uvicorn's HTTP/1.1 server waits for a request's headers and body as long as the client keeps the
+connection open, so connections that drip a byte now and then are held for good (slowloris):
+each holds a file descriptor, and one with a body its request's task and buffers. Two bounds, in
+the manner of nginx's `client_header_timeout` and Kestrel's minimum request body data rate:
+
+- `header_timeout`: a connection that has not sent a whole request line and headers this long
+  after it opened (or after the first byte of its next request) is closed.
+- `BodyRate`: after a grace period a request body must arrive at a least average rate; one that
+  falls behind is answered `REQUEST_TIMEOUT` (408) and its connection closed. A rate rather than
+  a total time, so a large upload over a slow link passes while it keeps moving.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import Any
+
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+from uvicorn.protocols.http.h11_impl import H11Protocol
+
+from services.core.envelope import envelope
+from shared.errors import ErrorCode
+
+log = logging.getLogger(__name__)
+
+
+def header_timeout(seconds: float) -> type[H11Protocol]:
+    """uvicorn's h11 protocol, closing a connection whose request headers take over `seconds`."""
+
+    class HeaderTimeout(H11Protocol):
+        _header_timer: asyncio.TimerHandle | None = None
+
+        def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+            super().connection_made(transport)
+            self._await_headers()
+
+        def data_received(self, data: bytes) -> None:
+            if self._header_timer is None and (self.cycle is None or self.cycle.response_complete):
+                self._await_headers()  # the first byte of the next request on a kept-alive connection
+            super().data_received(data)
+
+        def connection_lost(self, exc: Exception | None) -> None:
+            if self._header_timer is not None:
+                self._header_timer.cancel()
+                self._header_timer = None
+            super().connection_lost(exc)
+
+        def _await_headers(self) -> None:
+            awaited = self.cycle  # a request whose headers arrived in time starts a new cycle
+
+            def expire() -> None:
+                self._header_timer = None
+                if self.cycle is awaited and not self.transport.is_closing():
+                    log.info("closed a connection whose request headers took over %ss", seconds)
+                    self.transport.close()
+
+            self._header_timer = self.loop.call_later(seconds, expire)
+
+    return HeaderTimeout
+
+
+class BodyRate:
+    """ASGI middleware: a request body must arrive at `min_bytes_per_s` on average after `grace_s`.
+
+    Only the reads of the body are timed: once it is whole, a read waits for the client to leave
+    (a streaming response listens that way) and is passed on untouched.
+    """
+
+    def __init__(self, app: ASGIApp, *, grace_s: float, min_bytes_per_s: int) -> None:
+        self.app = app
+        self.grace_s = grace_s
+        self.min_bytes_per_s = min_bytes_per_s
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        loop = asyncio.get_running_loop()
+        start = loop.time()
+        received = 0
+        whole = False
+        refused = False
+        responded = False
+
+        async def timed(message: Message) -> None:
+            nonlocal responded
+            if refused:
+                return  # the client was answered 408: whatever the app says next goes nowhere
+            responded = responded or message["type"] == "http.response.start"
+            await send(message)
+
+        async def paced() -> Message:
+            nonlocal received, whole, refused
+            if refused:
+                return {"type": "http.disconnect"}
+            if whole:
+                return await receive()
+            due = start + self.grace_s + received / self.min_bytes_per_s
+            try:
+                message: Message = await asyncio.wait_for(receive(), timeout=max(due - loop.time(), 0.0))
+            except TimeoutError:
+                refused = True
+                await self._refuse(received, responded, scope, receive, send)
+                return {"type": "http.disconnect"}
+            if message["type"] == "http.request":
+                received += len(message.get("body", b""))
+                whole = not message.get("more_body", False)
+            return message
+
+        await self.app(scope, paced, timed)
+
+    async def _refuse(
+        self, received: int, responded: bool, scope: Scope, receive: Receive, send: Send
+    ) -> None:
+        log.info(
+            "refused a request body that fell below %d bytes/s (%d bytes read)",
+            self.min_bytes_per_s,
+            received,
+        )
+        if responded:
+            return  # the app already answered; the disconnect it now reads ends it
+        details: dict[str, Any] = {"received_bytes": received, "min_bytes_per_s": self.min_bytes_per_s}
+        response = envelope(
+            ErrorCode.REQUEST_TIMEOUT,
+            f"the request body arrived slower than {self.min_bytes_per_s} bytes a second",
+            details,
+            headers={"Connection": "close"},
+        )
+        await response(scope, receive, send)
