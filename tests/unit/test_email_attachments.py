@@ -151,3 +151,29 @@ def test_a_charset_label_without_a_codec_is_read_as_a_file_would_be(
 ) -> None:
     """The partitioner failed the whole message on the label (LookupError)."""
     assert "Café crème at the harbour." in _texts(_parsed(tmp_path, _message(charset, body)))
+
+
+def test_a_message_is_headed_by_its_subject_and_an_attached_one_by_its_own(tmp_path: Path) -> None:
+    """The document's title was the file name, or the label of the first attachment."""
+    inner = (
+        b"From: a@example.org\r\nSubject: =?utf-8?q?Inner_r=C3=A9sum=C3=A9?=\r\n"
+        b"Content-Type: text/plain\r\n\r\n"
+        b"The inner body says that the harbour closes at dusk, and that the boats wait.\r\n"
+    )
+    outer = hostile.email_with({"forwarded.eml": inner}).replace(
+        b"Subject: Files", b"Subject: =?utf-8?b?0J7RgtGH0ZHRgiDQt9CwINC80LDQuQ==?=\r\n\tand more"
+    )
+    elements = _parsed(tmp_path, outer)["elements"]
+    titles = [(e["text"], e["category_depth"]) for e in elements if e["type"] == "Title"]
+    assert titles == [("Отчёт за май and more", 0), ("Attachment forwarded.eml", 0), ("Inner résumé", 1)]
+    assert elements[0]["text"] == "Отчёт за май and more"
+
+
+def test_a_message_without_a_subject_has_no_made_up_heading(tmp_path: Path) -> None:
+    body = (
+        b"From: keeper@example.org\r\nTo: crew@example.org\r\nDate: Mon, 1 Jan 2024 10:00:00 +0000\r\n"
+        b"MIME-Version: 1.0\r\nContent-Type: text/plain\r\n\r\nOnly a body, of a few words.\r\n"
+    )
+    blank = body.replace(b"From:", b"Subject:  \t \r\nFrom:")
+    assert _parsed(tmp_path, blank)["elements"] == _parsed(tmp_path, body)["elements"]
+    assert _texts(_parsed(tmp_path, body)) == "Only a body, of a few words."

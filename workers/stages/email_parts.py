@@ -48,6 +48,22 @@ def attachments(path: Path) -> Iterator[Attachment]:
             yield Attachment(part.get_filename(), _bytes_of(part))
 
 
+def subject(path: Path) -> str | None:
+    """The message's Subject, its encoded words decoded and its whitespace folded; None if blank.
+
+    It is what names a message, where the partitioner gives the body alone: the document's title
+    was its file name, or the label of its first attachment.
+    """
+    with path.open("rb") as handle:
+        message = BytesParser(policy=policy.default).parse(handle, headersonly=True)
+    try:
+        raw = message.get("subject")
+    except (ValueError, TypeError, LookupError):  # a header beyond even the lenient parser
+        return None
+    words = "".join(c if c.isprintable() else " " for c in str(raw or "")).split()
+    return " ".join(words)[:300] or None
+
+
 def with_known_charsets(path: Path, scratch: Path) -> Path:
     """The message at `path`, or, where a text part names a charset Python has no codec for (mail
     archives write `unknown-8bit`; `utf8mb4`, `x-user-defined` are seen too), a copy in `scratch`

@@ -41,7 +41,7 @@ from workers.sandbox import SandboxError, run_limited, timed_out
 from workers.sniff import ARCHIVE_KINDS, FileKind, detect
 from workers.stages.base import StageResult
 from workers.stages.elements import Element, element
-from workers.stages.email_parts import attachments, other_text_body, with_known_charsets
+from workers.stages.email_parts import attachments, other_text_body, subject, with_known_charsets
 from workers.stages.markdown_text import markdown_elements
 from workers.stages.plain_text import text_elements
 from workers.text_encoding import decode, decode_markup
@@ -402,6 +402,9 @@ def _email(path: Path, ocr: bool, limits: ParseSettings, depth: int) -> list[Ele
         )
         if not elements and (body := other_text_body(readable)) is not None:
             elements = text_elements(body)
+        if (heading := subject(readable)) is not None:
+            # An attached message's subject sits under its "Attachment ..." heading.
+            elements.insert(0, element(heading, "Title", depth=min(depth, 1)))
     with tempfile.TemporaryDirectory(prefix="ragline-attachments-") as scratch:
         for index, attachment in enumerate(attachments(path)):
             if index >= limits.max_archive_members:
