@@ -2,8 +2,13 @@
 
 The order: a byte order mark, which decides alone; then UTF-8, when the bytes are valid UTF-8 (text in another
 encoding is almost never valid UTF-8, while declarations copied from a template often lie);
-then what the markup declares, its XML declaration first, then a `<meta charset>`; then
-windows-1252, which decodes most Western text; and latin-1, which decodes anything.
+then what the markup declares, its XML declaration first, then a `<meta charset>`; then an
+encoding charset-normalizer finds, when it reads the bytes as another script than Latin
+(Shift_JIS, GBK, Big5, EUC-KR, windows-1251, ...); then windows-1252, which decodes most Western
+text; and latin-1, which decodes anything.
+
+The detector is heard only for other scripts: among the Latin encodings its guesses are noisy
+(it read French windows-1252 as windows-1257), and windows-1252 is what browsers assume.
 
 Markup keeps no XML declaration once decoded: lxml refuses a `str` that has one, and a parser
 given the text re-encoded would decode it again by the declaration.
@@ -13,6 +18,9 @@ from __future__ import annotations
 
 import codecs
 import re
+import unicodedata
+
+import charset_normalizer
 
 _BOMS = (
     (codecs.BOM_UTF8, "utf-8-sig"),
@@ -28,6 +36,9 @@ DECLARATION_BYTES = 8192
 _XML_ENCODING = re.compile(rb"""^\s*<\?xml\s[^>]*?\bencoding\s*=\s*["']([A-Za-z0-9._:-]+)["']""")
 _META_CHARSET = re.compile(rb"""<meta\s[^>]*?\bcharset\s*=\s*["']?([A-Za-z0-9._:-]+)""", re.I)
 _XML_DECLARATION = re.compile(r"\A\s*<\?xml\s[^>]*\?>")
+_NON_ASCII = re.compile(rb"[\x80-\xff]")
+DETECTOR_BYTES = 64 << 10
+DETECTOR_MIN_BYTES = 64
 # As in browsers (WHATWG Encoding): these labels mean windows-1252, a superset.
 _WINDOWS_1252_LABELS = {"latin-1", "iso8859-1", "ascii"}
 _WIDE = {"utf-16", "utf-16-le", "utf-16-be", "utf-32", "utf-32-le", "utf-32-be"}
@@ -89,11 +100,47 @@ def decode(data: bytes, *, markup: bool = False, final: bool = True) -> str:
     if text is not None:
         return text
     # Declarations are read only for bytes that are not UTF-8: most text is.
-    for encoding in [*(declared_encodings(data) if markup else []), "cp1252"]:
+    for encoding in declared_encodings(data) if markup else []:
         text = _strict(data, encoding, final=final)
         if text is not None:
             return text
-    return data.decode("latin-1")
+    text = _other_script(data, final=final)
+    if text is not None:
+        return text
+    return _strict(data, "cp1252", final=final) or data.decode("latin-1")
+
+
+def _sample(data: bytes) -> bytes:
+    """What the detector reads: from just before the first byte past ASCII, at most `DETECTOR_BYTES`,
+    ending at a line's end where there is one (no character cut). It reads a whole file slowly."""
+    first = _NON_ASCII.search(data)
+    start = max(0, first.start() - 1024) if first else 0
+    window = data[start : start + DETECTOR_BYTES]
+    if len(window) == DETECTOR_BYTES and (end := window.rfind(b"\n")) > 0:
+        window = window[: end + 1]
+    return window
+
+
+def _other_script(data: bytes, *, final: bool) -> str | None:
+    """`data` in the encoding the detector finds, if that reads its letters as mostly not Latin.
+
+    Asked only with evidence enough: bytes windows-1252 leaves undefined, or a sentence's worth
+    of bytes past ASCII; on a few it guesses wildly (windows-1251 for `“quoted” café`).
+    """
+    sample = _sample(data)
+    if (
+        len(_NON_ASCII.findall(sample)) < DETECTOR_MIN_BYTES
+        and _strict(sample, "cp1252", final=False) is not None
+    ):
+        return None
+    best = charset_normalizer.from_bytes(sample).best()
+    if best is None or best.encoding is None:
+        return None
+    letters = [c for c in str(best) if ord(c) > 0x7F and c.isalpha()]
+    latin = sum(1 for c in letters if unicodedata.name(c, "").startswith("LATIN"))
+    if not letters or latin * 2 >= len(letters):
+        return None
+    return _strict(data, best.encoding, final=final)
 
 
 def without_xml_declaration(text: str) -> str:

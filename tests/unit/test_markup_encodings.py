@@ -131,6 +131,63 @@ def test_plain_text_in_windows_1252_is_not_mangled() -> None:
     assert decode("plain café".encode()) == "plain café"
 
 
+_RU = (
+    "Это руководство на русском языке о погоде в Москве. Завтра ожидается снег и сильный ветер, "
+    "поэтому жителям советуют оставаться дома."
+)
+_JA = "日本語の説明書です。東京の会議は明日の午後三時から始まります。参加者は資料を事前に確認してください。"
+_ZH = "这是一份中文说明书，关于北京的天气和新闻。明天将有大雪和强风，居民应尽量留在家中。"
+_TW = (
+    "這是一份中文說明書，關於台北的天氣和新聞。明天將有大雨和強風，"
+    "居民應盡量留在家中。城市服務部門已做好準備。"
+)
+_KO = (
+    "이것은 한국어 설명서입니다. 서울의 날씨는 맑습니다. "
+    "내일은 눈이 많이 오고 바람이 강하게 불 것으로 예상됩니다."
+)
+_EL = (
+    "Αυτό είναι ένα εγχειρίδιο στα ελληνικά για τον καιρό. Αύριο αναμένεται χιόνι και δυνατός "
+    "άνεμος, γι' αυτό οι κάτοικοι καλούνται να μείνουν στα σπίτια τους."
+)
+# A paragraph each: on a few bytes the detector is not asked (see text_encoding._other_script).
+OTHER_SCRIPTS = [
+    ("shift_jis", _JA),
+    ("shift_jis", "東京の会議です。"),  # short, but with bytes windows-1252 leaves undefined
+    ("euc_jp", _JA),
+    ("gbk", _ZH),
+    ("big5", _TW),
+    ("euc_kr", _KO),
+    ("cp1251", _RU),
+    ("koi8_r", _RU),
+    ("cp1253", _EL),
+]
+
+
+@pytest.mark.parametrize(("encoding", "words"), OTHER_SCRIPTS)
+def test_legacy_encodings_of_other_scripts_are_read_even_under_a_false_declaration(
+    tmp_path: Path, encoding: str, words: str
+) -> None:
+    """Shift_JIS declared as UTF-8 (a template's <meta>) was read as windows-1252 or latin-1: mojibake."""
+    assert decode(f"{words}\n".encode(encoding)) == f"{words}\n"
+    for meta in ("utf-8", None):
+        kind, texts = _parsed_text(tmp_path, xhtml_page(words, declaration=None, meta=meta).encode(encoding))
+        assert kind == FileKind.HTML.value
+        assert words in texts, (meta, texts)
+
+
+def test_western_text_stays_windows_1252_whatever_the_detector_guesses() -> None:
+    """charset-normalizer reads this French as windows-1257; only other scripts take its word."""
+    french = "Le café est très fort, n'est-ce pas? Où est la bibliothèque? « Déjà vu » — à bientôt."
+    polish = "Zażółć gęślą jaźń"  # windows-1250 bytes: as before, read as windows-1252
+    assert decode(french.encode("cp1252")) == french
+    assert decode(polish.encode("cp1250")) == polish.encode("cp1250").decode("cp1252")
+
+
+def test_other_scripts_are_found_past_an_ascii_head() -> None:
+    head = "ascii line of a long preamble\n" * 5000
+    assert decode(f"{head}{_RU}".encode("koi8_r")).endswith(_RU)
+
+
 def test_a_head_cut_inside_a_character_is_still_utf8() -> None:
     data = ("x" * 10 + "é").encode()[:-1]
     assert decode(data, final=False) == "x" * 10

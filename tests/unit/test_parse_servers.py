@@ -87,6 +87,27 @@ def test_other_kinds_go_on_to_the_full_server(servers: Servers, tmp_path: Path) 
     assert (lean.calls, full.calls) == (1, 1)
 
 
+def test_legacy_encodings_of_other_scripts_decode_inside_both_sandboxes(
+    servers: Servers, tmp_path: Path
+) -> None:
+    """The encoding detector and the codecs it picks are loaded in the sandbox, where no new file
+    may be opened: a codec module imported on first use there would fail."""
+    words = (
+        "日本語の説明書です。東京の会議は明日の午後三時から始まります。参加者は資料を事前に確認してください。"
+    )
+    files = {
+        "notes.txt": f"{words}\n".encode("euc_jp"),
+        "page.html": f"<html><head><meta charset='utf-8'></head><body><p>{words}</p></body></html>".encode(
+            "shift_jis"
+        ),
+    }
+    for name, data in files.items():
+        path = tmp_path / name
+        path.write_bytes(data)
+        texts = [e["text"] for e in _parsed(path)["elements"]]
+        assert words in texts, (name, texts)
+
+
 def test_a_refused_file_is_refused_by_the_lean_sandbox(servers: Servers, tmp_path: Path) -> None:
     lean, full = servers
     path = tmp_path / "tool.bin"
