@@ -94,8 +94,14 @@ def push(
     task_name: str,
     kwargs: dict[str, Any],
     headers: dict[str, str] | None = None,
+    *,
+    front: bool = False,
 ) -> None:
-    """Put a document's first stage in its lane; `kwargs` names the document (a StageRef's)."""
+    """Put a document's first stage in its lane; `kwargs` names the document (a StageRef's).
+
+    `front`: at the lane's head, for a document that had its turn already and lost its work (its
+    worker died mid-parse); at the tail it would wait for everything its tenant queued since.
+    """
     key = lane(tenant_id, kb_id)
     name = member(kwargs["doc_id"], kwargs["content_version"])
     # The trace context of the upload (or `headers` saved with it) waits with the work: the
@@ -108,7 +114,7 @@ def push(
         "headers": tracing.carrier() if headers is None else headers,
     }
     pipe = client.pipeline(transaction=True)
-    pipe.rpush(key, json.dumps(item))
+    (pipe.lpush if front else pipe.rpush)(key, json.dumps(item))
     pipe.sadd(LANES, key)
     pipe.hincrby(PENDING, tenant_id, 1)
     pipe.sadd(waiting_set(key), name)

@@ -3,7 +3,7 @@
 One worker process at a time (a Redis lease elects it) scans the registry every few seconds for
 documents in a non-terminal state whose lease expired (a worker died mid-stage, or a send never
 reached the broker) and sends their current stage again (a bulk document's first stage through its
-fair lane, and not at all while it still waits there). If the broker lost its data (flushed,
+fair lane, at its head if a worker had taken it already, and not at all while it still waits there). If the broker lost its data (flushed,
 or restarted without persistence), which the missing epoch key reveals, every unfinished
 document is sent again at once. Duplicate sends are harmless: stage tasks are fenced.
 A worker that stopped beating (workers/liveness.py) takes its reserved tasks with it, so its
@@ -59,7 +59,11 @@ def resend_stuck(ctx: WorkerContext, found: Versioned) -> bool:
         return False
     ref = StageRef(doc.tenant_id, doc.kb_id, doc.doc_id, doc.content_version, stage)
     if through_lane:
-        fairqueue.push(ctx.redis, doc.tenant_id, doc.kb_id, STAGE_TASK, ref.as_kwargs(), headers=doc.trace)
+        started = doc.status != DocStatus.QUEUED  # it had its turn: a worker took it, then died
+        kwargs = ref.as_kwargs()
+        fairqueue.push(
+            ctx.redis, doc.tenant_id, doc.kb_id, STAGE_TASK, kwargs, headers=doc.trace, front=started
+        )
         return True
     queue = stage_queue(ctx.settings, doc.queue, stage)
     enqueue(ctx.sender, ctx.settings, STAGE_TASK, kwargs=ref.as_kwargs(), headers=doc.trace, queue=queue)

@@ -292,3 +292,27 @@ def test_the_reconciler_sends_a_lost_bulk_document_through_its_lane_once(
     assert fairqueue.feed(quiet.redis, quiet.sender, quiet.settings, depth=8) == 1
     assert [task["doc_id"] for task in quiet.sent(fairqueue.BULK_QUEUE)] == ["lost.txt"]
     assert not fairqueue.is_waiting(quiet.redis, kb.tenant_id, kb.kb_id, "lost.txt", 1)
+
+
+def test_a_document_whose_worker_died_mid_parse_goes_back_to_the_head_of_its_lane(
+    services: Services, quiet: Quiet, registry: Registry, settings: Settings, quiet_kbs: list[KnowledgeBase]
+) -> None:
+    """It had its turn: at the tail it waited for all its tenant queued since (18 minutes in a
+    fault test under load); a document that never started keeps its place at the tail."""
+    kb = new_kb(registry, pii_policy="off")
+    quiet_kbs.append(kb)
+    later = utcnow() + timedelta(hours=1)  # the stack's own reconciler leaves these to the test
+    for name in ("waiting-0.txt", "waiting-1.txt"):
+        _push(quiet, kb.tenant_id, kb.kb_id, name)
+    orphan(registry, settings, kb, "killed.txt", b"Killed mid-parse.", queue="bulk", lease_until=later)
+    killed = registry.require_doc(kb.tenant_id, kb.kb_id, "killed.txt")
+    registry.replace_doc(
+        killed, killed.doc.model_copy(update={"status": DocStatus.PARSING, "stage": Stage.PARSE})
+    )
+    orphan(registry, settings, kb, "lost.txt", b"Never started.", queue="bulk", lease_until=later)
+    ctx = replace(services, settings=quiet.settings, sender=quiet.sender, redis=quiet.redis)
+    for name in ("killed.txt", "lost.txt"):
+        assert resend_stuck(ctx, registry.require_doc(kb.tenant_id, kb.kb_id, name)) is True
+    assert fairqueue.feed(quiet.redis, quiet.sender, quiet.settings, depth=8) == 4
+    order = [task["doc_id"] for task in quiet.sent(fairqueue.BULK_QUEUE)]
+    assert order == ["killed.txt", "waiting-0.txt", "waiting-1.txt", "lost.txt"]
