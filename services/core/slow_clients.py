@@ -9,7 +9,9 @@ the manner of nginx's `client_header_timeout` and Kestrel's minimum request body
   after it opened (or after the first byte of its next request) is closed.
 - `BodyRate`: after a grace period a request body must arrive at a least average rate; one that
   falls behind is answered `REQUEST_TIMEOUT` (408) and its connection closed. A rate rather than
-  a total time, so a large upload over a slow link passes while it keeps moving.
+  a total time, so a large upload over a slow link passes while it keeps moving. Only the time
+  the app waits for the client counts: while the app is busy between reads (storing a part),
+  the server stops reading and the client cannot send.
 """
 
 from __future__ import annotations
@@ -79,8 +81,8 @@ class BodyRate:
             await self.app(scope, receive, send)
             return
         loop = asyncio.get_running_loop()
-        start = loop.time()
         received = 0
+        waited = 0.0  # time spent waiting for the client: an app busy between its reads is not it
         whole = False
         refused = False
         responded = False
@@ -93,18 +95,21 @@ class BodyRate:
             await send(message)
 
         async def paced() -> Message:
-            nonlocal received, whole, refused
+            nonlocal received, waited, whole, refused
             if refused:
                 return {"type": "http.disconnect"}
             if whole:
                 return await receive()
-            due = start + self.grace_s + received / self.min_bytes_per_s
+            allowed = self.grace_s + received / self.min_bytes_per_s - waited
+            began = loop.time()
             try:
-                message: Message = await asyncio.wait_for(receive(), timeout=max(due - loop.time(), 0.0))
+                # Never 0: asyncio.wait_for gives up at once then, on data already buffered too.
+                message: Message = await asyncio.wait_for(receive(), timeout=max(allowed, 0.01))
             except TimeoutError:
                 refused = True
                 await self._refuse(received, responded, scope, receive, send)
                 return {"type": "http.disconnect"}
+            waited += loop.time() - began
             if message["type"] == "http.request":
                 received += len(message.get("body", b""))
                 whole = not message.get("more_body", False)

@@ -39,10 +39,24 @@ async def stream(request: Request) -> StreamingResponse:
     return StreamingResponse(parts())
 
 
+async def busy(request: Request) -> JSONResponse:
+    """Works a while before it reads its body (checks, lookups) and between its parts (storing each)."""
+    await asyncio.sleep(GRACE_S * 2)
+    size = 0
+    async for part in request.stream():
+        size += len(part)
+        await asyncio.sleep(GRACE_S)
+    return JSONResponse({"bytes": size})
+
+
 @pytest.fixture(scope="module")
 def port() -> Iterator[int]:
     app = Starlette(
-        routes=[Route("/echo", echo, methods=["POST"]), Route("/stream", stream, methods=["POST"])],
+        routes=[
+            Route("/echo", echo, methods=["POST"]),
+            Route("/stream", stream, methods=["POST"]),
+            Route("/busy", busy, methods=["POST"]),
+        ],
         middleware=[Middleware(BodyRate, grace_s=GRACE_S, min_bytes_per_s=RATE)],
     )
     with socket.socket() as probe:
@@ -121,3 +135,13 @@ def test_clients_that_keep_up_are_untouched(port: int) -> None:
     assert answer.count(b"HTTP/1.1 200") == 2, answer
     assert f'{{"bytes":{len(big)}}}'.encode() in answer
     assert answer.endswith(b"one \r\n3\r\ntwo\r\n0\r\n\r\n")  # the streamed parts, whole
+
+
+def test_an_app_busy_between_its_reads_does_not_make_the_client_slow(port: int) -> None:
+    """The server reads no more while the app works, so the client cannot keep any rate then."""
+    for body in (b"small", b"p" * (2 << 20)):
+        with _connect(port) as conn:
+            conn.sendall(_request("/busy", body))
+            answer = _read_all(conn)
+        assert answer.startswith(b"HTTP/1.1 200"), answer[:300]
+        assert f'{{"bytes":{len(body)}}}'.encode() in answer
