@@ -11,7 +11,8 @@ internals below change shape, so an upgrade re-checks each patch instead of brea
    every call; our tools return the model their schema describes, sent as `results.model_result`
    writes it. Failures become `CODE: message` results (`results.error_result`).
    `RaglineMCP.list_tools` (a public override) gives clients the cheaper output schema
-   (`output_schema.client_schema`).
+   (`output_schema.client_schema`). `RaglineMCP.get_prompt` asks `FastMCP._prompt_manager`
+   whether the prompt exists, so an unknown one is answered with a JSON-RPC code.
 2. `PerRequestTransport` overrides `StreamableHTTPServerTransport._handle_post_request` and turns
    `is_json_response_enabled` (a plain attribute its constructor sets) into a property, so each
    POST picks its answer mode (`answer_mode.wants_stream`) instead of the whole session.
@@ -32,7 +33,7 @@ internals below change shape, so an upgrade re-checks each patch instead of brea
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from contextvars import ContextVar
 from typing import Any, TypeVar
 from uuid import uuid4
@@ -41,14 +42,17 @@ import anyio
 from anyio.abc import TaskStatus
 from mcp.server.auth.middleware.bearer_auth import AuthorizationContext
 from mcp.server.fastmcp import FastMCP
-from mcp.server.fastmcp.exceptions import ToolError
+from mcp.server.fastmcp.exceptions import ResourceError, ToolError
+from mcp.server.lowlevel.helper_types import ReadResourceContents
 from mcp.server.lowlevel.server import Server as MCPServer
 from mcp.server.sse import SseServerTransport
 from mcp.server.streamable_http import StreamableHTTPServerTransport
 from mcp.server.streamable_http_manager import StreamableHTTPSessionManager
 from mcp.server.transport_security import RequestBodyLimitMiddleware
+from mcp.shared.exceptions import McpError
+from mcp.types import INVALID_PARAMS, ErrorData, GetPromptResult
 from mcp.types import Tool as MCPTool
-from pydantic import BaseModel
+from pydantic import AnyUrl, BaseModel
 from starlette.requests import Request
 from starlette.types import ASGIApp, Receive, Scope, Send
 
@@ -60,6 +64,7 @@ logger = logging.getLogger(__name__)
 LifespanT = TypeVar("LifespanT")
 SessionsT = TypeVar("SessionsT", bound=StreamableHTTPSessionManager)
 BodyLimit = Callable[[ASGIApp, int], RequestBodyLimitMiddleware]
+RESOURCE_NOT_FOUND = -32002  # the MCP spec's code for it (the SDK names none)
 
 # The answer mode of one POST. Per request (each ASGI request is its own task, so its own
 # context), not per session: two calls of one session can be in flight at once, and each must
@@ -76,6 +81,21 @@ class RaglineMCP(FastMCP[LifespanT]):
             if tool.outputSchema is not None:
                 tool.outputSchema = client_schema(tool.outputSchema)
         return tools
+
+    async def read_resource(self, uri: AnyUrl | str) -> Iterable[ReadResourceContents]:
+        """Ragline serves no resources: an unknown one is the spec's -32002, where FastMCP's error
+        reached the client as code 0."""
+        try:
+            return await super().read_resource(uri)
+        except (ResourceError, ValueError):  # the resource manager's "Unknown resource" is a ValueError
+            error = ErrorData(code=RESOURCE_NOT_FOUND, message="resource not found", data={"uri": str(uri)})
+            raise McpError(error) from None
+
+    async def get_prompt(self, name: str, arguments: dict[str, Any] | None = None) -> GetPromptResult:
+        """Ragline serves no prompts: an unknown one is invalid params (-32602), not code 0."""
+        if self._prompt_manager.get_prompt(name) is None:
+            raise McpError(ErrorData(code=INVALID_PARAMS, message=f"unknown prompt: {name[:100]}"))
+        return await super().get_prompt(name, arguments)
 
     async def call_tool(self, name: str, arguments: dict[str, Any]) -> Any:
         try:

@@ -21,6 +21,9 @@ from jsonschema import Draft7Validator
 from mcp import ClientSession, StdioServerParameters
 from mcp.client.sse import sse_client
 from mcp.client.stdio import stdio_client
+from mcp.shared.exceptions import McpError
+from mcp.types import INVALID_PARAMS
+from pydantic import AnyUrl
 
 from shared import VERSION
 from tests.e2e.helpers import Server, call, error_text, http_session
@@ -285,3 +288,15 @@ async def test_sse_transport_for_older_clients(server: Server) -> None:
         assert "knowledge_bases" in await call(session, "list_knowledge_bases")
     async with httpx.AsyncClient(base_url=server.url) as client:
         assert (await client.get("/mcp/sse")).status_code == 401
+
+
+async def test_an_unknown_resource_or_prompt_is_a_json_rpc_error_with_its_code(server: Server) -> None:
+    """Both reached the client as error code 0, which no client can act on."""
+    async with http_session(server, "a_read") as session:
+        with pytest.raises(McpError) as resource:
+            await session.read_resource(AnyUrl("ragline://kbs/nothing"))
+        assert resource.value.error.code == -32002
+        with pytest.raises(McpError) as prompt:
+            await session.get_prompt("nothing")
+        assert prompt.value.error.code == INVALID_PARAMS
+        assert (await call(session, "list_knowledge_bases"))["knowledge_bases"] is not None  # still usable

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from mcp.server.fastmcp import FastMCP
+from mcp.server.fastmcp.prompts.manager import PromptManager
 from mcp.server.fastmcp.tools.base import Tool
 from mcp.server.fastmcp.tools.tool_manager import ToolManager
 from mcp.server.fastmcp.utilities.func_metadata import FuncMetadata
@@ -79,6 +80,10 @@ def test_fastmcp_has_the_private_parts_the_server_patches() -> None:
     assert "fn_metadata" in Tool.model_fields
     assert _parameters(FuncMetadata.convert_result) == ["self", "result"]
     assert _parameters(FastMCP.call_tool) == ["self", "name", "arguments"]
+    assert isinstance(mcp._prompt_manager, PromptManager)
+    assert _parameters(PromptManager.get_prompt) == ["self", "name"]
+    assert _parameters(FastMCP.get_prompt) == ["self", "name", "arguments"]
+    assert _parameters(FastMCP.read_resource) == ["self", "uri"]
     assert {"stateless_http", "transport_security", "session_idle_timeout", "max_sessions"} <= set(
         type(mcp.settings).model_fields
     )
