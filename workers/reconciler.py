@@ -3,9 +3,10 @@
 One worker process at a time (a Redis lease elects it) scans the registry every few seconds for
 documents in a non-terminal state whose lease expired (a worker died mid-stage, or a send never
 reached the broker) and sends their current stage again (a bulk document's first stage through its
-fair lane, at its head if a worker had taken it already, and not at all while it still waits there). If the broker lost its data (flushed,
-or restarted without persistence), which the missing epoch key reveals, every unfinished
-document is sent again at once. Duplicate sends are harmless: stage tasks are fenced.
+fair lane, at its head if a worker had taken it already, and not at all while it still waits
+there). If the broker lost its data (flushed, or restarted without persistence), which the
+missing epoch key reveals, every unfinished document is sent again at once. Duplicate sends are
+harmless: stage tasks are fenced.
 A worker that stopped beating (workers/liveness.py) takes its reserved tasks with it, so its
 death also sends every unfinished document again. A document is never failed for waiting;
 after too many starts of one stage the claim logic fails it with RETRIES_EXHAUSTED.

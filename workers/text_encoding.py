@@ -39,6 +39,23 @@ _XML_DECLARATION = re.compile(r"\A\s*<\?xml\s[^>]*\?>")
 _NON_ASCII = re.compile(rb"[\x80-\xff]")
 DETECTOR_BYTES = 64 << 10
 DETECTOR_MIN_BYTES = 64
+# Scripts with legacy encodings of their own, by the first word of their letters' Unicode names.
+_OTHER_SCRIPTS = (
+    "CJK",
+    "HIRAGANA",
+    "KATAKANA",
+    "HALFWIDTH KATAKANA",
+    "HANGUL",
+    "BOPOMOFO",
+    "CYRILLIC",
+    "GREEK",
+    "HEBREW",
+    "ARABIC",
+    "THAI",
+    "ARMENIAN",
+    "GEORGIAN",
+    "DEVANAGARI",
+)
 # As in browsers (WHATWG Encoding): these labels mean windows-1252, a superset.
 _WINDOWS_1252_LABELS = {"latin-1", "iso8859-1", "ascii"}
 _WIDE = {"utf-16", "utf-16-le", "utf-16-be", "utf-32", "utf-32-le", "utf-32-be"}
@@ -122,10 +139,13 @@ def _sample(data: bytes) -> bytes:
 
 
 def _other_script(data: bytes, *, final: bool) -> str | None:
-    """`data` in the encoding the detector finds, if that reads its letters as mostly not Latin.
+    """`data` in the encoding the detector finds, if that reads it as another script than Latin
+    while windows-1252 reads it as a mess.
 
     Asked only with evidence enough: bytes windows-1252 leaves undefined, or a sentence's worth
-    of bytes past ASCII; on a few it guesses wildly (windows-1251 for `“quoted” café`).
+    of bytes past ASCII; on a few it guesses wildly (windows-1251 for `“quoted” café`). Its
+    guess must also beat windows-1252 by its own measure, for it reads some Latin text as another
+    script too (Finnish with an `š` as mac_iceland, Slovene as Korean).
     """
     sample = _sample(data)
     if (
@@ -134,13 +154,19 @@ def _other_script(data: bytes, *, final: bool) -> str | None:
     ):
         return None
     best = charset_normalizer.from_bytes(sample).best()
-    if best is None or best.encoding is None:
+    if best is None or best.encoding is None or not _mostly_other_script(str(best)):
         return None
-    letters = [c for c in str(best) if ord(c) > 0x7F and c.isalpha()]
-    latin = sum(1 for c in letters if unicodedata.name(c, "").startswith("LATIN"))
-    if not letters or latin * 2 >= len(letters):
-        return None
+    if charset_normalizer.from_bytes(sample, cp_isolation=["cp1252"]).best() is not None:
+        return None  # windows-1252 reads it without a mess: Latin text, as browsers assume
     return _strict(data, best.encoding, final=final)
+
+
+def _mostly_other_script(text: str) -> bool:
+    """Whether most letters past ASCII belong to a script other than Latin (Unicode names: a
+    modifier letter such as `ˆ`, which a Mac code page makes of `ö`, belongs to none)."""
+    letters = [c for c in text if ord(c) > 0x7F and c.isalpha()]
+    other = sum(1 for c in letters if unicodedata.name(c, "").startswith(_OTHER_SCRIPTS))
+    return other * 2 > len(letters)
 
 
 def without_xml_declaration(text: str) -> str:

@@ -180,6 +180,13 @@ def test_western_text_stays_windows_1252_whatever_the_detector_guesses() -> None
     french = "Le café est très fort, n'est-ce pas? Où est la bibliothèque? « Déjà vu » — à bientôt."
     polish = "Zażółć gęślą jaźń"  # windows-1250 bytes: as before, read as windows-1252
     assert decode(french.encode("cp1252")) == french
+    # Read as mac_iceland (its `ˆ` for `ö` is a modifier letter, of no script) before the detector's
+    # guess had to beat windows-1252's reading.
+    finnish = (
+        "Työntekijä välittömillä vaaleilla: yö, työ, pöytä, öljy, höyry, sää ja myöhään. Hän söi "
+        "höyrytettyä lohta työpöydän ääressä myöhään yöllä. Työpöytä ja öljylamppu, sööttö. Šakki.\n"
+    ) * 4
+    assert decode(finnish.encode("cp1252")) == finnish
     assert decode(polish.encode("cp1250")) == polish.encode("cp1250").decode("cp1252")
 
 
