@@ -153,6 +153,14 @@ class CelerySettings(_Section):
         description="Lease of a running stage, renewed by a heartbeat every quarter of it: a document "
         "whose worker died is sent again within about this long.",
     )
+    interactive_streak: int = Field(
+        3,
+        ge=1,
+        le=1000,
+        description="Tasks a worker takes in a row from the queues ahead of the last (interactive) "
+        "before it takes one from the last (bulk) while both hold work, so a busy interactive queue "
+        "never stops bulk loads.",
+    )
     queues: list[str] = Field(
         default_factory=lambda: ["interactive", "bulk"],
         min_length=1,

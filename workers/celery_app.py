@@ -36,8 +36,8 @@ def celery_config(settings: Settings) -> dict[str, Any]:
         # the slowest task or that task runs twice.
         "broker_transport_options": {
             "visibility_timeout": celery.visibility_timeout_s,
-            # Serve queues in the order the worker lists them: interactive before bulk.
-            "queue_order_strategy": "priority",
+            # Interactive before bulk, with a share for bulk (workers/queue_cycle.py).
+            "queue_order_strategy": "workers.queue_cycle:InteractiveFirst",
         },
         "result_backend_transport_options": {"visibility_timeout": celery.visibility_timeout_s},
         # A task running when the broker connection drops finishes its stage: stages are fenced and

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import base64
 import json
+import threading
+import time
 from collections import Counter
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -316,3 +318,63 @@ def test_a_document_whose_worker_died_mid_parse_goes_back_to_the_head_of_its_lan
     assert fairqueue.feed(quiet.redis, quiet.sender, quiet.settings, depth=8) == 4
     order = [task["doc_id"] for task in quiet.sent(fairqueue.BULK_QUEUE)]
     assert order == ["killed.txt", "waiting-0.txt", "waiting-1.txt", "lost.txt"]
+
+
+def test_bulk_loads_advance_while_another_tenant_keeps_the_interactive_queue_busy(
+    registry: Registry, ingestor: Ingestor, settings: Settings
+) -> None:
+    """One tenant sends a single small document every 100 ms, so its interactive quota is always
+    full and the interactive queue never empties; another sends a bulk load of three. With strict
+    interactive-first order the three waited for the stream to stop (an adversary's stream held
+    them 90 s, and would have for ever)."""
+    streamer, loader = new_kb(registry, pii_policy="off"), new_kb(registry, pii_policy="off")
+    catalog = Catalog(settings, registry, ingestor)
+    stop = threading.Event()
+    streamed: list[str] = []
+
+    def stream() -> None:
+        while not stop.wait(0.1):
+            name = f"note-{len(streamed):05d}.txt"
+            try:
+                ingestor.submit(
+                    streamer.tenant_id,
+                    streamer.kb_id,
+                    f"Agent note {len(streamed)} on kilns.\n".encode(),
+                    filename=name,
+                    priority="interactive",
+                )
+            except RaglineError as refused:  # its bulk lane (past the quota) is full: it keeps trying
+                if refused.code != ErrorCode.RATE_LIMITED:
+                    raise
+                continue
+            streamed.append(name)
+
+    thread = threading.Thread(target=stream, daemon=True)
+    try:
+        thread.start()
+        time.sleep(3)  # the stream is under way
+        load = [
+            Upload(f"Bulk item {i} about moorland.\n".encode(), filename=f"bulk-{i}.txt") for i in range(3)
+        ]
+        ingestor.submit_many(loader.tenant_id, loader.kb_id, load, priority="bulk")
+        streamed_before = _ready_count(registry, streamer)
+        docs = wait_terminal(registry, loader, [u.filename or "" for u in load], timeout_s=300)
+        streamed_meanwhile = _ready_count(registry, streamer) - streamed_before
+        streaming = thread.is_alive()
+        busy = ingestor.admitter.interactive_in_flight(streamer.tenant_id)
+        print(
+            f"while the bulk load waited, {streamed_meanwhile} of the stream's documents were made ready; "
+            f"{busy} were unfinished on the interactive queue when it was done"
+        )
+        assert all(doc.status == DocStatus.READY for doc in docs.values())
+        assert streaming
+        assert busy > 0
+        # A bulk task in every four asks: the load's three documents take about 15 stage tasks and
+        # the stream's overflow lane takes turns beside them, so at most about 150 interactive ones
+        # pass (10 in a run here). In strict order the load waited for the stream to pause: 1,034.
+        assert streamed_meanwhile < 250
+    finally:
+        stop.set()
+        thread.join(30)
+        catalog.delete_kb(streamer.tenant_id, streamer.kb_id)
+        catalog.delete_kb(loader.tenant_id, loader.kb_id)

@@ -15,7 +15,9 @@ def test_reliability_settings() -> None:
     assert config["task_reject_on_worker_lost"] is True
     assert config["worker_prefetch_multiplier"] == 1
     assert config["broker_transport_options"]["visibility_timeout"] == 7200
-    assert config["broker_transport_options"]["queue_order_strategy"] == "priority"
+    assert (
+        config["broker_transport_options"]["queue_order_strategy"] == "workers.queue_cycle:InteractiveFirst"
+    )
     assert config["task_time_limit"] == 900
     assert config["task_soft_time_limit"] == 800
     assert config["accept_content"] == ["json"]
