@@ -177,3 +177,15 @@ def test_a_message_without_a_subject_has_no_made_up_heading(tmp_path: Path) -> N
     blank = body.replace(b"From:", b"Subject:  \t \r\nFrom:")
     assert _parsed(tmp_path, blank)["elements"] == _parsed(tmp_path, body)["elements"]
     assert _texts(_parsed(tmp_path, body)) == "Only a body, of a few words."
+
+
+@pytest.mark.parametrize(
+    "sent", ["Grüße aus Köln".encode("latin-1"), "Grüße aus Köln".encode(), "Grüße aus Köln".encode("cp1252")]
+)
+def test_a_subject_in_raw_8bit_bytes_is_read_as_text_is(tmp_path: Path, sent: bytes) -> None:
+    """Without encoded words the parser kept the bytes undecoded and showed U+FFFD: `Gr��e aus K�ln`."""
+    message = (
+        b"From: keeper@example.org\r\nTo: crew@example.org\r\nSubject: " + sent + b"\r\n"
+        b"MIME-Version: 1.0\r\nContent-Type: text/plain\r\n\r\nThe kiln fires at dawn, said the keeper.\r\n"
+    )
+    assert _parsed(tmp_path, message)["elements"][0]["text"] == "Grüße aus Köln"

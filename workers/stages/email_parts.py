@@ -8,6 +8,7 @@ only the message body with unstructured and hands each attachment back to its ow
 from __future__ import annotations
 
 import codecs
+import re
 from collections.abc import Iterator
 from dataclasses import dataclass
 from email import policy
@@ -16,6 +17,8 @@ from email.parser import BytesParser
 from pathlib import Path
 
 from workers.text_encoding import decode
+
+_ESCAPED = re.compile("[\udc80-\udcff]")  # bytes past ASCII a header parser kept undecoded
 
 
 @dataclass(frozen=True)
@@ -56,11 +59,17 @@ def subject(path: Path) -> str | None:
     """
     with path.open("rb") as handle:
         message = BytesParser(policy=policy.default).parse(handle, headersonly=True)
-    try:
-        raw = message.get("subject")
-    except (ValueError, TypeError, LookupError):  # a header beyond even the lenient parser
-        return None
-    words = "".join(c if c.isprintable() else " " for c in str(raw or "")).split()
+    sent = next((value for name, value in message.raw_items() if name.lower() == "subject"), None)
+    if sent is not None and _ESCAPED.search(sent):
+        # Raw 8-bit bytes, no encoded words: the parser keeps them as escapes and shows U+FFFD;
+        # they are read as a file's text is (UTF-8, else the encoding they are in).
+        text = decode(sent.encode("utf-8", "surrogateescape"))
+    else:
+        try:
+            text = str(message.get("subject") or "")
+        except (ValueError, TypeError, LookupError):  # a header beyond even the lenient parser
+            return None
+    words = "".join(c if c.isprintable() else " " for c in text).split()
     return " ".join(words)[:300] or None
 
 
