@@ -52,11 +52,16 @@ def owner(principal: Principal) -> AuthenticatedUser:
 # Deeper than any MCP message nests, and well inside the recursion the SDK's JSON parser has left.
 MAX_JSON_DEPTH = 128
 _STRING = re.compile(r'"[^"\\]*(?:\\.[^"\\]*)*"')
+# Python refuses to read an integer of more digits (sys.int_info.str_digits_check_threshold is the
+# least it may be set to): the SDK's parser raised past its error handling, a 500.
+MAX_NUMBER_DIGITS = 4300
+_LONG_NUMBER = re.compile(rf"\d{{{MAX_NUMBER_DIGITS + 1},}}")
 _BRACKET = re.compile(r"[\[\]{}]")
 
 
 def unparseable(body: bytes) -> str | None:
-    """Why the SDK's parser would crash on `body` (not UTF-8, nested too deep), or None.
+    """Why the SDK's parser would crash on `body` (not UTF-8, nested too deep, a number too long
+    for Python to read), or None.
 
     The SDK answers other malformed JSON with a JSON-RPC parse error itself; these two raise
     past it (a 500 and a stack trace in the log).
@@ -66,10 +71,13 @@ def unparseable(body: bytes) -> str | None:
     except UnicodeDecodeError:
         return "the body is not UTF-8"
     depth = 0
-    for bracket in _BRACKET.finditer(_STRING.sub("", text)):
+    outside_strings = _STRING.sub("", text)
+    for bracket in _BRACKET.finditer(outside_strings):
         depth += 1 if bracket.group() in "[{" else -1
         if depth > MAX_JSON_DEPTH:
             return f"the JSON nests deeper than {MAX_JSON_DEPTH} levels"
+    if _LONG_NUMBER.search(outside_strings):
+        return f"a number of more than {MAX_NUMBER_DIGITS} digits"
     return None
 
 

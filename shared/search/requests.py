@@ -65,9 +65,15 @@ class Range(BaseModel):
         return {k: v for k, v in given.items() if v is not None}
 
 
+MAX_FILTER_VALUES = 1000
+
+
 def _compared(values: list[Scalar]) -> list[Scalar]:
     """Values a filter compares for equality; a number no finite float holds is refused, as in a
-    range, instead of matching nothing."""
+    range, instead of matching nothing. A list holds at most `MAX_FILTER_VALUES`, as `in` does: a
+    longer one reached OpenSearch, which refuses over 65,536 terms, and answered 503."""
+    if len(values) > MAX_FILTER_VALUES:
+        raise ValueError(f"a metadata condition lists at most {MAX_FILTER_VALUES} values")
     for value in values:
         if isinstance(value, int | float) and not isinstance(value, bool) and finite_number(value) is None:
             raise ValueError(f"a metadata value is a finite number, not {value!r:.40}")
@@ -79,7 +85,7 @@ class Condition(BaseModel):
 
     model_config = {"extra": "forbid", "populate_by_name": True}
     eq: Scalar | None = None
-    in_: list[Scalar] | None = Field(None, alias="in", min_length=1, max_length=1000)
+    in_: list[Scalar] | None = Field(None, alias="in", min_length=1, max_length=MAX_FILTER_VALUES)
     range: Range | None = None
 
     @model_validator(mode="after")

@@ -214,6 +214,15 @@ def test_equality_on_finite_numbers_booleans_and_strings_is_accepted() -> None:
     assert Filters.model_validate({"metadata": metadata}).metadata["a"] == 2
 
 
+def test_a_plain_list_holds_no_more_values_than_in_does() -> None:
+    """70,000 values reached OpenSearch, which refuses over 65,536 terms: a 503 for a caller's error."""
+    with pytest.raises(ValidationError, match="at most 1000 values"):
+        Filters.model_validate({"metadata": {"k": list(range(1001))}})
+    with pytest.raises(ValidationError):
+        Filters.model_validate({"metadata": {"k": {"in": list(range(1001))}}})
+    assert len(Filters.model_validate({"metadata": {"k": list(range(1000))}}).metadata["k"]) == 1000  # type: ignore[arg-type]
+
+
 def test_range_bounds_parse_the_same_from_json_and_python() -> None:
     for bounds in ({"gte": "2021-03-04"}, {"gte": "2021-03-04T00:00:00Z"}, {"gte": "20210304"}, {"lt": 7}):
         assert Range.model_validate(bounds).bounds() == Range.model_validate_json(json.dumps(bounds)).bounds()
