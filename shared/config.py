@@ -521,6 +521,13 @@ class ApiSettings(_Section):
     body_grace_s: float = Field(
         10.0, gt=0, le=600, description="Time a request body has before its least rate is enforced."
     )
+    body_idle_s: float = Field(
+        30.0,
+        gt=0,
+        le=3600,
+        description="Longest wait for a request body's next bytes, whatever it sent before (408 "
+        "REQUEST_TIMEOUT past it).",
+    )
     body_min_bytes_per_s: int = Field(
         256,
         ge=1,

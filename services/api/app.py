@@ -176,9 +176,7 @@ def create_app(settings: Settings | None = None, state: AppState | None = None) 
     assert security is not None
     app.add_middleware(HostCheck, security=security)
     app.add_middleware(RequestLatency, metrics=app.state.metrics)
-    app.add_middleware(
-        BodyRate, grace_s=settings.api.body_grace_s, min_bytes_per_s=settings.api.body_min_bytes_per_s
-    )
+    app.add_middleware(BodyRate, api=settings.api)
     app.add_middleware(RequestContext)  # added last: outermost, so even a refused body gets an id
     return app
 

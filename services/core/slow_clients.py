@@ -7,8 +7,10 @@ the manner of nginx's `client_header_timeout` and Kestrel's minimum request body
 
 - `header_timeout`: a connection that has not sent a whole request line and headers this long
   after it opened (or after the first byte of its next request) is closed.
-- `BodyRate`: after a grace period a request body must arrive at a least average rate; one that
-  falls behind is answered `REQUEST_TIMEOUT` (408) and its connection closed. A rate rather than
+- `BodyRate`: after a grace period a request body must arrive at a least average rate, and no
+  wait for its next bytes may pass an idle bound (nginx's `client_body_timeout`): a burst of bytes
+  would otherwise buy hours of silence at the rate. A body that falls behind is answered
+  `REQUEST_TIMEOUT` (408) and its connection closed. A rate rather than
   a total time, so a large upload over a slow link passes while it keeps moving. Only the time
   the app waits for the client counts: while the app is busy between reads (storing a part),
   the server stops reading and the client cannot send.
@@ -24,6 +26,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
 from services.core.envelope import envelope
+from shared.config import ApiSettings
 from shared.errors import ErrorCode
 
 log = logging.getLogger(__name__)
@@ -34,6 +37,7 @@ def header_timeout(seconds: float) -> type[H11Protocol]:
 
     class HeaderTimeout(H11Protocol):
         _header_timer: asyncio.TimerHandle | None = None
+        _awaited: object = None  # the cycle current when the timer was set: a new one means headers came
 
         def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
             super().connection_made(transport)
@@ -41,21 +45,26 @@ def header_timeout(seconds: float) -> type[H11Protocol]:
 
         def data_received(self, data: bytes) -> None:
             if self._header_timer is None and (self.cycle is None or self.cycle.response_complete):
-                self._await_headers()  # the first byte of the next request on a kept-alive connection
+                self._await_headers()  # the first byte of the next request (or of a body left unread)
             super().data_received(data)
+            if self._header_timer is not None and self.cycle is not self._awaited:
+                self._stop_timer()  # the headers are in: the body's pace is BodyRate's
 
         def connection_lost(self, exc: Exception | None) -> None:
+            self._stop_timer()
+            super().connection_lost(exc)
+
+        def _stop_timer(self) -> None:
             if self._header_timer is not None:
                 self._header_timer.cancel()
                 self._header_timer = None
-            super().connection_lost(exc)
 
         def _await_headers(self) -> None:
-            awaited = self.cycle  # a request whose headers arrived in time starts a new cycle
+            self._awaited = self.cycle
 
             def expire() -> None:
                 self._header_timer = None
-                if self.cycle is awaited and not self.transport.is_closing():
+                if self.cycle is self._awaited and not self.transport.is_closing():
                     log.info("closed a connection whose request headers took over %ss", seconds)
                     self.transport.close()
 
@@ -65,16 +74,18 @@ def header_timeout(seconds: float) -> type[H11Protocol]:
 
 
 class BodyRate:
-    """ASGI middleware: a request body must arrive at `min_bytes_per_s` on average after `grace_s`.
+    """ASGI middleware: a request body must arrive at `body_min_bytes_per_s` on average after
+    `body_grace_s`, with no wait for its next bytes over `body_idle_s`.
 
     Only the reads of the body are timed: once it is whole, a read waits for the client to leave
     (a streaming response listens that way) and is passed on untouched.
     """
 
-    def __init__(self, app: ASGIApp, *, grace_s: float, min_bytes_per_s: int) -> None:
+    def __init__(self, app: ASGIApp, *, api: ApiSettings) -> None:
         self.app = app
-        self.grace_s = grace_s
-        self.min_bytes_per_s = min_bytes_per_s
+        self.grace_s = api.body_grace_s
+        self.min_bytes_per_s = api.body_min_bytes_per_s
+        self.idle_s = api.body_idle_s
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -100,7 +111,8 @@ class BodyRate:
                 return {"type": "http.disconnect"}
             if whole:
                 return await receive()
-            allowed = self.grace_s + received / self.min_bytes_per_s - waited
+            # The rate's credit is capped by the idle bound: a burst of bytes buys no hours of silence.
+            allowed = min(self.grace_s + received / self.min_bytes_per_s - waited, self.idle_s)
             began = loop.time()
             try:
                 # Never 0: asyncio.wait_for gives up at once then, on data already buffered too.

@@ -47,9 +47,7 @@ def create_app(settings: Settings, transport: Transport) -> Starlette:
     async def healthz(_: Request) -> JSONResponse:
         return JSONResponse({"status": "ok"})
 
-    paced = Middleware(
-        BodyRate, grace_s=settings.api.body_grace_s, min_bytes_per_s=settings.api.body_min_bytes_per_s
-    )
+    paced = Middleware(BodyRate, api=settings.api)
     return Starlette(
         routes=[Route("/healthz", healthz, methods=["GET", "HEAD"]), *routes],
         middleware=[paced],

@@ -5,6 +5,7 @@ keep up (a large body sent at once, a kept-alive connection, a streamed answer) 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import socket
 import threading
@@ -20,8 +21,10 @@ from starlette.responses import JSONResponse, StreamingResponse
 from starlette.routing import Route
 
 from services.core.slow_clients import BodyRate, header_timeout
+from shared.config import ApiSettings
 
-HEADER_S, GRACE_S, RATE = 0.6, 0.6, 1000
+HEADER_S, GRACE_S, RATE, IDLE_S = 0.6, 0.6, 1000, 2.0
+API = ApiSettings(body_grace_s=GRACE_S, body_min_bytes_per_s=RATE, body_idle_s=IDLE_S)
 
 
 async def echo(request: Request) -> JSONResponse:
@@ -57,7 +60,7 @@ def port() -> Iterator[int]:
             Route("/stream", stream, methods=["POST"]),
             Route("/busy", busy, methods=["POST"]),
         ],
-        middleware=[Middleware(BodyRate, grace_s=GRACE_S, min_bytes_per_s=RATE)],
+        middleware=[Middleware(BodyRate, api=API)],
     )
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
@@ -145,3 +148,32 @@ def test_an_app_busy_between_its_reads_does_not_make_the_client_slow(port: int) 
             answer = _read_all(conn)
         assert answer.startswith(b"HTTP/1.1 200"), answer[:300]
         assert f'{{"bytes":{len(body)}}}'.encode() in answer
+
+
+def test_a_burst_buys_no_more_silence_than_the_idle_bound(port: int) -> None:
+    """At the rate alone 100 KB bought 100 s of silence (the adversary held 20 MiB bodies for hours)."""
+    head = b"POST /echo HTTP/1.1\r\nHost: x\r\nContent-Length: 1000000\r\n\r\n"
+    with _connect(port) as conn:
+        began = time.monotonic()
+        conn.sendall(head + b"a" * 100_000)
+        answer = _read_all(conn)
+        held = time.monotonic() - began
+    assert answer.startswith(b"HTTP/1.1 408"), answer[:300]
+    assert held < 100_000 / RATE / 2  # the idle bound, not the rate's credit, ended it
+
+
+def test_the_next_request_on_a_kept_connection_has_the_header_bound_not_twice_it(port: int) -> None:
+    """The first request's timer went on after its headers came; a second request dripped after it
+    then found a stale timer and got a fresh one only when that ran out."""
+    with _connect(port) as conn:
+        conn.sendall(_request("/echo", b"one", close=False))
+        assert conn.recv(65536).startswith(b"HTTP/1.1 200")
+        began = time.monotonic()
+        with contextlib.suppress(ConnectionResetError, BrokenPipeError):
+            for byte in _request("/echo", b"two"):
+                conn.sendall(bytes([byte]))
+                time.sleep(0.05)
+                if time.monotonic() - began > HEADER_S * 4:
+                    break
+            assert _read_all(conn) == b""
+    assert time.monotonic() - began < HEADER_S * 1.9
