@@ -10,10 +10,10 @@ the manner of nginx's `client_header_timeout` and Kestrel's minimum request body
 - `BodyRate`: after a grace period a request body must arrive at a least average rate, and no
   wait for its next bytes may pass an idle bound (nginx's `client_body_timeout`): a burst of bytes
   would otherwise buy hours of silence at the rate. A body that falls behind is answered
-  `REQUEST_TIMEOUT` (408) and its connection closed. A rate rather than
-  a total time, so a large upload over a slow link passes while it keeps moving. Only the time
-  the app waits for the client counts: while the app is busy between reads (storing a part),
-  the server stops reading and the client cannot send.
+  `REQUEST_TIMEOUT` (408) and its connection closed. A rate rather than a total time, so a large
+  upload over a slow link passes while it keeps moving. Only the time the app waits for the
+  client counts: while the app is busy between reads (storing a part), the server stops reading
+  and the client cannot send.
 """
 
 from __future__ import annotations
@@ -111,15 +111,21 @@ class BodyRate:
                 return {"type": "http.disconnect"}
             if whole:
                 return await receive()
+            at_rate = self.grace_s + received / self.min_bytes_per_s - waited
             # The rate's credit is capped by the idle bound: a burst of bytes buys no hours of silence.
-            allowed = min(self.grace_s + received / self.min_bytes_per_s - waited, self.idle_s)
+            allowed = min(at_rate, self.idle_s)
             began = loop.time()
             try:
                 # Never 0: asyncio.wait_for gives up at once then, on data already buffered too.
                 message: Message = await asyncio.wait_for(receive(), timeout=max(allowed, 0.01))
             except TimeoutError:
                 refused = True
-                await self._refuse(received, responded, scope, receive, send)
+                why = (
+                    f"the request body paused over {self.idle_s:g} s"
+                    if at_rate > self.idle_s
+                    else f"the request body arrived slower than {self.min_bytes_per_s} bytes a second"
+                )
+                await self._refuse(why, received, responded, scope, receive, send)
                 return {"type": "http.disconnect"}
             waited += loop.time() - began
             if message["type"] == "http.request":
@@ -130,20 +136,15 @@ class BodyRate:
         await self.app(scope, paced, timed)
 
     async def _refuse(
-        self, received: int, responded: bool, scope: Scope, receive: Receive, send: Send
+        self, why: str, received: int, responded: bool, scope: Scope, receive: Receive, send: Send
     ) -> None:
-        log.info(
-            "refused a request body that fell below %d bytes/s (%d bytes read)",
-            self.min_bytes_per_s,
-            received,
-        )
+        log.info("refused a request: %s (%d bytes read)", why, received)
         if responded:
             return  # the app already answered; the disconnect it now reads ends it
-        details: dict[str, Any] = {"received_bytes": received, "min_bytes_per_s": self.min_bytes_per_s}
-        response = envelope(
-            ErrorCode.REQUEST_TIMEOUT,
-            f"the request body arrived slower than {self.min_bytes_per_s} bytes a second",
-            details,
-            headers={"Connection": "close"},
-        )
+        details: dict[str, Any] = {
+            "received_bytes": received,
+            "min_bytes_per_s": self.min_bytes_per_s,
+            "idle_s": self.idle_s,
+        }
+        response = envelope(ErrorCode.REQUEST_TIMEOUT, why, details, headers={"Connection": "close"})
         await response(scope, receive, send)

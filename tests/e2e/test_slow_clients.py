@@ -85,4 +85,4 @@ def test_idle_and_dripping_clients_are_let_go_while_others_are_served(paced: Ser
         assert json.loads(body)["code"] == "REQUEST_TIMEOUT", front
     log = paced.log.read_text()
     assert "Traceback" not in log
-    assert "refused a request body that fell below" in log
+    assert "refused a request: the request body arrived slower than 1000 bytes a second" in log

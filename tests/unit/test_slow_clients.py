@@ -125,7 +125,8 @@ def test_a_body_below_the_least_rate_gets_408_and_the_connection_ends(port: int)
     assert b"connection: close" in status.lower()
     envelope = json.loads(body)
     assert envelope["code"] == "REQUEST_TIMEOUT"
-    assert envelope["details"] == {"received_bytes": 100, "min_bytes_per_s": RATE}
+    assert envelope["details"] == {"received_bytes": 100, "min_bytes_per_s": RATE, "idle_s": IDLE_S}
+    assert envelope["message"] == f"the request body arrived slower than {RATE} bytes a second"
 
 
 def test_clients_that_keep_up_are_untouched(port: int) -> None:
@@ -160,6 +161,10 @@ def test_a_burst_buys_no_more_silence_than_the_idle_bound(port: int) -> None:
         held = time.monotonic() - began
     assert answer.startswith(b"HTTP/1.1 408"), answer[:300]
     assert held < 100_000 / RATE / 2  # the idle bound, not the rate's credit, ended it
+    assert (
+        json.loads(answer.partition(b"\r\n\r\n")[2])["message"]
+        == f"the request body paused over {IDLE_S:g} s"
+    )
 
 
 def test_the_next_request_on_a_kept_connection_has_the_header_bound_not_twice_it(port: int) -> None:
