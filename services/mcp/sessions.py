@@ -55,7 +55,9 @@ _STRING = re.compile(r'"[^"\\]*(?:\\.[^"\\]*)*"')
 # Python refuses to read an integer of more digits (sys.int_info.str_digits_check_threshold is the
 # least it may be set to): the SDK's parser raised past its error handling, a 500.
 MAX_NUMBER_DIGITS = 4300
-_LONG_NUMBER = re.compile(rf"\d{{{MAX_NUMBER_DIGITS + 1},}}")
+# Tried only where a run of digits starts: from every digit of a run it was quadratic, and a body
+# of long runs held the event loop for seconds.
+_LONG_NUMBER = re.compile(rf"(?<!\d)\d{{{MAX_NUMBER_DIGITS + 1}}}")
 _BRACKET = re.compile(r"[\[\]{}]")
 
 
