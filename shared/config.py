@@ -525,8 +525,8 @@ class ApiSettings(_Section):
         30.0,
         gt=0,
         le=3600,
-        description="Longest wait for a request body's next bytes, whatever it sent before (408 "
-        "REQUEST_TIMEOUT past it).",
+        description="Most silence a request body may bank by sending ahead of the least rate: its "
+        "longest pause, whatever it sent before (408 REQUEST_TIMEOUT past it).",
     )
     body_min_bytes_per_s: int = Field(
         256,

@@ -7,13 +7,13 @@ the manner of nginx's `client_header_timeout` and Kestrel's minimum request body
 
 - `header_timeout`: a connection that has not sent a whole request line and headers this long
   after it opened (or after the first byte of its next request) is closed.
-- `BodyRate`: after a grace period a request body must arrive at a least average rate, and no
-  wait for its next bytes may pass an idle bound (nginx's `client_body_timeout`): a burst of bytes
-  would otherwise buy hours of silence at the rate. A body that falls behind is answered
-  `REQUEST_TIMEOUT` (408) and its connection closed. A rate rather than a total time, so a large
-  upload over a slow link passes while it keeps moving. Only the time the app waits for the
-  client counts: while the app is busy between reads (storing a part), the server stops reading
-  and the client cannot send.
+- `BodyRate`: after a grace period a request body must keep a least rate, its bytes earning
+  silence up to an idle bound (nginx's `client_body_timeout`) and no more: a burst would
+  otherwise buy hours of silence at the rate, or of a trickle of a byte now and then. A body
+  that falls behind is answered `REQUEST_TIMEOUT` (408) and its connection closed. A rate rather
+  than a total time, so a large upload over a slow link passes while it keeps moving. Only the
+  time the app waits for the client counts: while the app is busy between reads (storing a
+  part), the server stops reading and the client cannot send.
 """
 
 from __future__ import annotations
@@ -93,7 +93,11 @@ class BodyRate:
             return
         loop = asyncio.get_running_loop()
         received = 0
-        waited = 0.0  # time spent waiting for the client: an app busy between its reads is not it
+        # Seconds the client may still stay silent: the grace to start, then what its bytes earn at
+        # the least rate, never more than the idle bound (a burst buys no hours of silence, nor a
+        # trickle a byte at a time after one). Only time waiting for the client is charged: an app
+        # busy between its reads is not the client.
+        credit = min(self.grace_s, self.idle_s)
         whole = False
         refused = False
         responded = False
@@ -106,30 +110,29 @@ class BodyRate:
             await send(message)
 
         async def paced() -> Message:
-            nonlocal received, waited, whole, refused
+            nonlocal received, credit, whole, refused
             if refused:
                 return {"type": "http.disconnect"}
             if whole:
                 return await receive()
-            at_rate = self.grace_s + received / self.min_bytes_per_s - waited
-            # The rate's credit is capped by the idle bound: a burst of bytes buys no hours of silence.
-            allowed = min(at_rate, self.idle_s)
             began = loop.time()
             try:
                 # Never 0: asyncio.wait_for gives up at once then, on data already buffered too.
-                message: Message = await asyncio.wait_for(receive(), timeout=max(allowed, 0.01))
+                message: Message = await asyncio.wait_for(receive(), timeout=max(credit, 0.01))
             except TimeoutError:
                 refused = True
                 why = (
                     f"the request body paused over {self.idle_s:g} s"
-                    if at_rate > self.idle_s
+                    if credit >= self.idle_s
                     else f"the request body arrived slower than {self.min_bytes_per_s} bytes a second"
                 )
                 await self._refuse(why, received, responded, scope, receive, send)
                 return {"type": "http.disconnect"}
-            waited += loop.time() - began
+            credit -= loop.time() - began
             if message["type"] == "http.request":
-                received += len(message.get("body", b""))
+                part = len(message.get("body", b""))
+                received += part
+                credit = min(credit + part / self.min_bytes_per_s, self.idle_s)
                 whole = not message.get("more_body", False)
             return message
 

@@ -182,3 +182,22 @@ def test_the_next_request_on_a_kept_connection_has_the_header_bound_not_twice_it
                     break
             assert _read_all(conn) == b""
     assert time.monotonic() - began < HEADER_S * 1.9
+
+
+def test_a_trickle_after_a_burst_does_not_live_on_the_bursts_credit(port: int) -> None:
+    """Each wait under the idle bound, a byte now and then kept a 19 MiB burst's upload (and its
+    share of the buffer budget) alive for hours in the adversary's second pass."""
+    head = b"POST /echo HTTP/1.1\r\nHost: x\r\nContent-Length: 1000000\r\n\r\n"
+    answer, trickled = b"", 0
+    with _connect(port) as conn:
+        conn.sendall(head + b"a" * 100_000)
+        conn.settimeout(IDLE_S * 0.75)
+        with contextlib.suppress(ConnectionResetError, BrokenPipeError):
+            while not answer and trickled < 20:  # 20 waits of 0.75 the idle bound: 30 s on a 2 s bound
+                try:
+                    answer = conn.recv(65536)
+                except TimeoutError:
+                    conn.sendall(b"a")
+                    trickled += 1
+    assert answer.startswith(b"HTTP/1.1 408"), answer[:300]
+    assert trickled < 5  # the burst's credit is the idle bound's worth, spent within a few waits
