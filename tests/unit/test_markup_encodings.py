@@ -190,6 +190,16 @@ def test_western_text_stays_windows_1252_whatever_the_detector_guesses() -> None
     assert decode(polish.encode("cp1250")) == polish.encode("cp1250").decode("cp1252")
 
 
+@pytest.mark.parametrize(
+    ("encoding", "comment"), [("gbk", "检查输入数据并返回错误信息"), ("cp1251", "Проверяем входные данные")]
+)
+def test_code_with_comments_in_another_script_is_read_in_it(encoding: str, comment: str) -> None:
+    """Mostly ASCII lines diluted the detector's measure of windows-1252, which then passed."""
+    code = "def handler(request, context):\n    value = compute(request.args['x'], timeout=30)\n"
+    text = "".join(f"{code * 4}# {comment}\n" for _ in range(6))
+    assert decode(text.encode(encoding)) == text
+
+
 def test_other_scripts_are_found_past_an_ascii_head() -> None:
     head = "ascii line of a long preamble\n" * 5000
     assert decode(f"{head}{_RU}".encode("koi8_r")).endswith(_RU)
