@@ -189,3 +189,24 @@ def test_a_subject_in_raw_8bit_bytes_is_read_as_text_is(tmp_path: Path, sent: by
         b"MIME-Version: 1.0\r\nContent-Type: text/plain\r\n\r\nThe kiln fires at dawn, said the keeper.\r\n"
     )
     assert _parsed(tmp_path, message)["elements"][0]["text"] == "Grüße aus Köln"
+
+
+@pytest.mark.parametrize(
+    ("sent", "content_type", "title"),
+    [
+        # Raw bytes beside an encoded word: the word stayed literal.
+        (b"R\xe9union =?utf-8?b?R3LDvMOfZQ==?=", b"text/plain", "Réunion Grüße"),
+        # A short raw subject in the charset the message declares: it was windows-1252 mojibake.
+        ("회의 안건 검토".encode("euc_kr"), b"text/plain; charset=euc-kr", "회의 안건 검토"),
+        ("Счёт на оплату".encode("cp1251"), b"text/plain; charset=windows-1251", "Счёт на оплату"),
+    ],
+)
+def test_a_raw_subject_takes_the_messages_charset_and_its_encoded_words(
+    tmp_path: Path, sent: bytes, content_type: bytes, title: str
+) -> None:
+    message = (
+        b"From: keeper@example.org\r\nTo: crew@example.org\r\nSubject: " + sent + b"\r\n"
+        b"MIME-Version: 1.0\r\nContent-Type: " + content_type + b"\r\n\r\n"
+        b"The kiln fires at dawn, said the keeper.\r\n"
+    )
+    assert _parsed(tmp_path, message)["elements"][0]["text"] == title

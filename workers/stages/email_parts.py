@@ -8,10 +8,12 @@ only the message body with unstructured and hands each attachment back to its ow
 from __future__ import annotations
 
 import codecs
+import contextlib
 import re
 from collections.abc import Iterator
 from dataclasses import dataclass
 from email import policy
+from email.header import decode_header
 from email.message import EmailMessage, Message
 from email.parser import BytesParser
 from pathlib import Path
@@ -61,9 +63,9 @@ def subject(path: Path) -> str | None:
         message = BytesParser(policy=policy.default).parse(handle, headersonly=True)
     sent = next((value for name, value in message.raw_items() if name.lower() == "subject"), None)
     if sent is not None and _ESCAPED.search(sent):
-        # Raw 8-bit bytes, no encoded words: the parser keeps them as escapes and shows U+FFFD;
-        # they are read as a file's text is (UTF-8, else the encoding they are in).
-        text = decode(sent.encode("utf-8", "surrogateescape"))
+        # Raw 8-bit bytes: the parser keeps them as escapes and shows U+FFFD. They are read in the
+        # message's own charset, else as a file's text is; encoded words among them are then decoded.
+        text = _raw_header_text(sent.encode("utf-8", "surrogateescape"), message.get_content_charset())
     else:
         try:
             text = str(message.get("subject") or "")
@@ -71,6 +73,22 @@ def subject(path: Path) -> str | None:
             return None
     words = "".join(c if c.isprintable() else " " for c in text).split()
     return " ".join(words)[:300] or None
+
+
+def _raw_header_text(raw: bytes, charset: str | None) -> str:
+    text = None
+    if charset and _known(charset):
+        with contextlib.suppress(UnicodeDecodeError):
+            text = raw.decode(charset)
+    text = text if text is not None else decode(raw)
+    if "=?" in text:
+        with contextlib.suppress(ValueError, LookupError, UnicodeError):
+            # Words it leaves alone come back as raw-unicode-escape bytes of the text given.
+            words = decode_header(text)
+            text = "".join(
+                w if isinstance(w, str) else w.decode(cs or "raw-unicode-escape", "strict") for w, cs in words
+            )
+    return text
 
 
 def with_known_charsets(path: Path, scratch: Path) -> Path:
