@@ -144,6 +144,8 @@ def _message(charset: str, body: bytes) -> bytes:
         ("unknown-8bit", "Café crème at the harbour.\r\n".encode("cp1252")),
         ("utf8mb4", "Café crème at the harbour.\r\n".encode()),
         ("x-user-defined", "Café crème at the harbour.\r\n".encode()),
+        ("zlib_codec", "Café crème at the harbour.\r\n".encode()),  # a codec, of bytes not text
+        ("base64", "Café crème at the harbour.\r\n".encode("cp1252")),
     ],
 )
 def test_a_charset_label_without_a_codec_is_read_as_a_file_would_be(
@@ -199,6 +201,9 @@ def test_a_subject_in_raw_8bit_bytes_is_read_as_text_is(tmp_path: Path, sent: by
         # A short raw subject in the charset the message declares: it was windows-1252 mojibake.
         ("회의 안건 검토".encode("euc_kr"), b"text/plain; charset=euc-kr", "회의 안건 검토"),
         ("Счёт на оплату".encode("cp1251"), b"text/plain; charset=windows-1251", "Счёт на оплату"),
+        # A charset label of no text codec is passed over, not raised.
+        ("Grüße".encode("latin-1"), b"text/plain; charset=zlib_codec", "Grüße"),
+        ("Grüße".encode("latin-1"), b"text/plain; charset=no-such-charset", "Grüße"),
     ],
 )
 def test_a_raw_subject_takes_the_messages_charset_and_its_encoded_words(

@@ -76,6 +76,8 @@ def subject(path: Path) -> str | None:
 
 
 def _raw_header_text(raw: bytes, charset: str | None) -> str:
+    """A header's raw bytes as text: in `charset` (the message's) if it reads them, else as a
+    file's text is; then with its encoded words decoded."""
     text = None
     if charset and _known(charset):
         with contextlib.suppress(UnicodeDecodeError):
@@ -116,11 +118,13 @@ def with_known_charsets(path: Path, scratch: Path) -> Path:
 
 
 def _known(charset: str) -> bool:
+    """Whether `charset` names a text codec: `zlib_codec` or `base64` name codecs of bytes, and a
+    text part labelled so failed the whole message."""
     try:
-        codecs.lookup(charset)
+        info = codecs.lookup(charset)
     except LookupError:
         return False
-    return True
+    return bool(getattr(info, "_is_text_encoding", True))  # what str.decode itself checks
 
 
 def other_text_body(path: Path) -> str | None:
