@@ -512,7 +512,7 @@ class ApiSettings(_Section):
     )
     retry_after_s: int = Field(5, ge=1, le=3600, description="Retry-After sent with RATE_LIMITED.")
     header_timeout_s: float = Field(
-        10.0,
+        60.0,
         gt=0,
         le=600,
         description="A connection whose request line and headers take longer (from its opening, or from "

@@ -287,6 +287,9 @@ def test_a_retryable_failure_is_tried_again_and_ends_the_run_only_after_its_atte
     sync_runner = _runner_over(case, monkeypatch, run, TransientError("the blob store is busy"))
     with pytest.raises(TransientError):
         sync_runner.run_pending()  # the round fails and waits; the run stays to be tried again
+    # The failed round let go of the run's lease: take it back before the stack's own runner, which
+    # the round's end may wake, claims the run and ends it with its real engine.
+    assert leader.hold(case.services.redis, lease_key(run), ME, 600)
     assert _stored(case, run).status.active
     store = case.services.source_store
     store.update_run(run.run_id, lambda r: r.model_copy(update={"attempts": runner.RUN_ATTEMPTS - 1}))
