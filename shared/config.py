@@ -531,8 +531,8 @@ class ApiSettings(_Section):
     body_min_bytes_per_s: int = Field(
         256,
         ge=1,
-        description="Least average rate of a request body after the grace time; a slower one gets 408 "
-        "REQUEST_TIMEOUT and its connection is closed.",
+        description="Least rate of a request body after the grace time: its bytes earn pauses at this "
+        "rate (up to body_idle_s); one that runs out gets 408 REQUEST_TIMEOUT and its connection closed.",
     )
     allowed_hosts: list[str] = Field(
         default_factory=lambda: ["127.0.0.1", "localhost", "[::1]"],
