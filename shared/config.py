@@ -157,9 +157,9 @@ class CelerySettings(_Section):
         3,
         ge=1,
         le=1000,
-        description="Tasks a worker takes in a row from the queues ahead of the last (interactive) "
-        "before it takes one from the last (bulk) while both hold work, so a busy interactive queue "
-        "never stops bulk loads.",
+        description="Tasks a worker takes in a row from the higher-priority queues (interactive and its "
+        "stage queues by default) before it takes one from the last queue (bulk and its stage queues) "
+        "while both hold work, so a busy interactive queue never stops bulk loads.",
     )
     queues: list[str] = Field(
         default_factory=lambda: ["interactive", "bulk"],
@@ -519,7 +519,11 @@ class ApiSettings(_Section):
         "the first byte of its next request) is closed.",
     )
     body_grace_s: float = Field(
-        10.0, gt=0, le=600, description="Time a request body has before its least rate is enforced."
+        10.0,
+        gt=0,
+        le=600,
+        description="Silence a request body is allowed before its first bytes (at most body_idle_s); "
+        "after that its bytes earn silence at body_min_bytes_per_s.",
     )
     body_idle_s: float = Field(
         30.0,
