@@ -22,7 +22,8 @@ process is confined in layers, each of which holds where the others are refused:
 - A seccomp filter (workers/syscall_filter.py): no call that acts on another process by its
   number, creates namespaces, opens Unix, netlink, packet or vsock sockets, or leaves the
   process group that is killed with the sandbox.
-- `scrub_environment()`: the settings' secrets (`RAGLINE_*`, credentials) leave its environment.
+- `scrub_environment()`: the settings' secrets (`RAGLINE_*`, credentials) leave its environment,
+  and their bytes in the environment block it was forked with (`/proc/self/environ`).
 - `shield_from_children()`: the worker's main process, and the pool processes forked from it, are
   not dumpable: where user namespaces are refused (Docker's default seccomp profile refuses them),
   a parse process of the same unprivileged user still cannot open their `/proc` entries.
@@ -174,8 +175,36 @@ def scrub_environment(directory: Path) -> None:
     with everything in it when the process is done."""
     for name in [n for n in os.environ if _SECRET_NAMES.search(n)]:
         del os.environ[name]
+    blank_initial_secrets()
     os.environ["TMPDIR"] = os.environ["HOME"] = str(directory)
     tempfile.tempdir = str(directory)
+
+
+def blank_initial_secrets() -> int:
+    """Zero the secrets' entries in the environment block this process began with; how many.
+
+    Unsetting a variable only drops the C library's pointer to it: its bytes stay in the block
+    the worker was started with, which every forked process copies and `/proc/self/environ`
+    reads back, as any parser that can be made to read a local file (an XML external entity)
+    would. The block is this process's own memory, so its bytes are overwritten in place.
+    """
+    try:
+        # Fields 50 and 51 of proc(5); the command name before them may hold spaces and ")".
+        fields = Path("/proc/self/stat").read_bytes().rsplit(b")", 1)[1].split()
+        start, end = int(fields[47]), int(fields[48])
+        block = Path("/proc/self/environ").read_bytes()
+    except (OSError, IndexError, ValueError):
+        return 0
+    if not start or end - start != len(block):
+        return 0
+    blanked, offset = 0, 0
+    for entry in block.split(b"\0"):
+        name = entry.split(b"=", 1)[0].decode(errors="replace")
+        if entry and _SECRET_NAMES.search(name):
+            ctypes.memset(start + offset, 0, len(entry))
+            blanked += 1
+        offset += len(entry) + 1
+    return blanked
 
 
 _PRIVATE_DIRECTORY = re.compile(r"^ragline-(?:sandbox|parse|inbox)-(\d+)-")

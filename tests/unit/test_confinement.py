@@ -6,12 +6,14 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import fcntl
+import json
 import logging
 import os
 import resource
 import signal
 import socket
 import subprocess
+import sys
 import tempfile
 import threading
 import time
@@ -443,3 +445,57 @@ def test_a_resident_server_that_kept_a_file_takes_no_other_document() -> None:
         assert lean.pid != first
     finally:
         lean.close()
+
+
+def environment_seen(secret: str) -> dict[str, bool]:
+    """Where a parse process could find `secret`, which the worker was started with."""
+    with open("/proc/self/environ", "rb") as block:
+        initial = block.read()
+    return {
+        "os.environ": any(secret in value for value in os.environ.values()),
+        "/proc/self/environ": secret.encode() in initial,
+    }
+
+
+_ENVIRONMENT_PROBE = """
+import json, os, sys
+from tests.unit.test_confinement import LIMITS, _nothing, environment_seen
+from workers.fork_server import ForkServer
+from workers.sandbox import run_limited
+
+secret = os.environ["RAGLINE_TEST_SECRET_SEEN"]
+lean, full = ForkServer(_nothing, resident=True), ForkServer(_nothing)
+try:
+    seen = {
+        "pool process": environment_seen(secret),
+        "resident server": lean.run(environment_seen, (secret,), **LIMITS),
+        "fork server's sandbox": full.run(environment_seen, (secret,), **LIMITS),
+        "direct sandbox": run_limited(lambda: environment_seen(secret), **LIMITS),
+    }
+finally:
+    lean.close()
+    full.close()
+json.dump(seen, sys.stdout)
+"""
+
+
+def test_no_parse_process_finds_a_secret_the_worker_was_started_with() -> None:
+    """The secret is in the environment the worker's process began with, as a deployment's
+    credentials are: unsetting it in a parse process leaves its bytes in the block that
+    `/proc/self/environ` reads, which a parser that reads local files could be made to read."""
+    secret = f"s3cr3t-{os.urandom(8).hex()}"
+    env = {**os.environ, "RAGLINE_TEST_SECRET_SEEN": secret}
+    ran = subprocess.run(
+        [sys.executable, "-c", _ENVIRONMENT_PROBE],
+        env=env,
+        cwd=Path(__file__).resolve().parents[2],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert ran.returncode == 0, ran.stderr[-3000:]
+    seen = json.loads(ran.stdout)
+    assert seen.pop("pool process") == {"os.environ": True, "/proc/self/environ": True}
+    for where, places in seen.items():
+        assert places == {"os.environ": False, "/proc/self/environ": False}, where
