@@ -66,6 +66,10 @@ def test_a_batch_out_of_time_fails_none_of_its_documents_and_each_runs_again_alo
     for kb, ref in ((alice, note), (bob, huge)):
         doc = registry.require_doc(kb.tenant_id, kb.kb_id, ref.doc_id).doc
         assert doc.status != DocStatus.FAILED, ref.doc_id
+        if ref is huge and doc.claimed_by is not None:
+            # The peer was sent again at once, and the stack's worker may have claimed it by now
+            # (CI saw it): a claim, not a failure, and it must end ready (below).
+            continue
         assert doc.claimed_by is None
         assert doc.error is not None
         assert (doc.error.code, doc.error.retryable) == (ErrorCode.TIMEOUT.value, True)
