@@ -41,7 +41,7 @@ PY
 healthy() { curl -sf --max-time 2 "$URL/healthz" >/dev/null; }
 
 start() {
-  [ -x "$VENV/bin/ragline" ] || die "$VENV/bin/ragline not found; run 'make install' first"
+  require_ragline
   if pid_running "$PIDFILE"; then
     say "api: already running on $URL (pid $(cat "$PIDFILE"))"
     if [ -z "${RAGLINE_AUTH__API_KEYS:-}${RAGLINE_AUTH__KEYS_FILE:-}${RAGLINE_AUTH__ALLOW_ANONYMOUS:-}" ]; then

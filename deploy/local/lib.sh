@@ -21,6 +21,14 @@ fi
 
 say() { printf '%s\n' "$*"; }
 die() { printf 'error: %s\n' "$*" >&2; exit 1; }
+# The Python services run from $VENV: the checkout's .venv, or RAGLINE_VENV where another holds them.
+require_ragline() {
+  [ -x "$VENV/bin/ragline" ] && return 0
+  if [ -n "${RAGLINE_VENV:-}" ]; then
+    die "$VENV/bin/ragline not found: RAGLINE_VENV names a virtual environment without Ragline installed"
+  fi
+  die "$VENV/bin/ragline not found; run 'make install' first, or set RAGLINE_VENV to a virtual environment that has it"
+}
 
 # fresh_log LOG: an empty log for a new run; the last run's stays beside it as LOG.1, so a service
 # that died and was started again (by a test, by hand) still shows why it died.

@@ -37,7 +37,7 @@ metrics_port() {
 }
 
 start() {
-  [ -x "$VENV/bin/ragline" ] || die "$VENV/bin/ragline not found; run 'make install' first"
+  require_ragline
   if pid_running "$PIDFILE"; then
     say "$NAME: already running (pid $(cat "$PIDFILE"))"
     return 0
