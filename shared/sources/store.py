@@ -96,6 +96,12 @@ ITEMS_MAPPING: dict[str, Any] = {
 }
 
 
+# What a runner's round reads of the pending runs: enough of each tenant's to pass those that other
+# runners hold (one a runner), and enough tenants for the busiest deployment's turns.
+PENDING_PER_TENANT = 20
+PENDING_TENANTS = 1000
+
+
 def source_key(tenant_id: str, kb_id: str, source_id: str) -> str:
     return f"{tenant_id}/{kb_id}/{source_id}"
 
@@ -247,12 +253,29 @@ class SourceStore:
         hits = self.client.search(index=self.runs, body={"size": 1, "query": query})["hits"]["hits"]
         return SyncRun.model_validate(hits[0]["_source"]) if hits else None
 
-    def pending_runs(self, limit: int = 100) -> list[SyncRun]:
-        """Queued or running runs of every tenant, oldest first: what the workers' runners claim."""
+    def pending_runs(self, per_tenant: int = PENDING_PER_TENANT) -> list[list[SyncRun]]:
+        """Queued or running runs, what the workers' runners claim: each tenant's oldest
+        `per_tenant`, oldest first, a list for each tenant (the tenant of the oldest run first).
+
+        One list for all tenants, oldest first, let a tenant that queued many runs at once (a
+        schedule shared by hundreds of sources) hold every runner until its last one ran.
+        """
         query = {"terms": {"status": [RunStatus.QUEUED.value, RunStatus.RUNNING.value]}}
-        body = {"size": limit, "query": query, "sort": [{"created_at": "asc"}]}
+        oldest = [{"created_at": "asc"}]
+        body = {
+            "size": PENDING_TENANTS,
+            "query": query,
+            "sort": oldest,
+            "collapse": {
+                "field": "tenant_id",
+                "inner_hits": {"name": "runs", "size": per_tenant, "sort": oldest},
+            },
+        }
         hits = self.client.search(index=self.runs, body=body)["hits"]["hits"]
-        return [SyncRun.model_validate(hit["_source"]) for hit in hits]
+        return [
+            [SyncRun.model_validate(run["_source"]) for run in hit["inner_hits"]["runs"]["hits"]["hits"]]
+            for hit in hits
+        ]
 
     def drop_runs(self, tenant_id: str, kb_id: str, source_id: str) -> None:
         query = {"bool": {"filter": _scope(tenant_id, kb_id, source_id)}}

@@ -217,7 +217,7 @@ def test_a_run_whose_source_went_with_its_kb_ends_instead_of_failing_every_round
     assert ended.status == RunStatus.CANCELLED
     assert ended.error is not None
     assert ended.error.code == "NOT_FOUND"
-    assert run.run_id not in {r.run_id for r in store.pending_runs()}
+    assert run.run_id not in {r.run_id for runs in store.pending_runs() for r in runs}
 
 
 class _Only:
@@ -229,8 +229,8 @@ class _Only:
     def __getattr__(self, name: str) -> object:
         return getattr(self._store, name)
 
-    def pending_runs(self) -> list[SyncRun]:
-        return [r for r in self._store.pending_runs() if r.run_id in self._run_ids]
+    def pending_runs(self) -> list[list[SyncRun]]:
+        return [[r for r in runs if r.run_id in self._run_ids] for runs in self._store.pending_runs()]
 
 
 def _runner_over(

@@ -40,6 +40,22 @@ POLL_S = 5.0  # pending runs are looked for this often even when nobody wakes th
 RUN_ATTEMPTS = 5  # a run whose engine keeps failing on a retryable error ends failed after these
 
 
+TURN_KEY = "ragline:sources:turn"  # counts the runners' rounds: which tenant is offered first
+
+
+def fair_order(by_tenant: list[list[SyncRun]], turn: int) -> list[SyncRun]:
+    """The runs to try in turn: each tenant's oldest, then each one's second, and so on, the tenant
+    that goes first moving on by one with each `turn`, so every tenant with runs waiting gets a
+    runner in as many rounds as there are such tenants, however many runs another one queued."""
+    tenants = [runs for runs in by_tenant if runs]
+    if not tenants:
+        return []
+    start = turn % len(tenants)
+    rotated = tenants[start:] + tenants[:start]
+    depth = max(len(runs) for runs in rotated)
+    return [runs[i] for i in range(depth) for runs in rotated if i < len(runs)]
+
+
 def lease_key(run: SyncRun) -> str:
     return f"ragline:sources:run:{source_key(run.tenant_id, run.kb_id, run.source_id)}"
 
@@ -163,7 +179,8 @@ class SyncRunner:
         """Claim one pending run and carry it out; False when there was none to claim."""
         services = self.context()
         store = services.source_store
-        for run in store.pending_runs():
+        turn = int(self.client.incr(TURN_KEY))
+        for run in fair_order(store.pending_runs(), turn):
             key = lease_key(run)
             if not leader.hold(self.client, key, self.me, self.lease_s):
                 continue
