@@ -9,6 +9,7 @@ document, a cost the worker paid on every hand-over.
 from __future__ import annotations
 
 import bisect
+import math
 
 import redis
 
@@ -24,6 +25,8 @@ def bucket_of(seconds: float) -> str:
 
 
 def record_stage(client: redis.Redis, stage: str, seconds: float) -> None:
+    if not math.isfinite(seconds):
+        return  # Redis refuses such a sum after counting its bucket: count and sum would part
     pipe = client.pipeline(transaction=False)
     pipe.hincrby(KEY, f"{stage}|{bucket_of(seconds)}", 1)
     pipe.hincrbyfloat(KEY, f"{stage}|sum", seconds)
@@ -33,7 +36,7 @@ def record_stage(client: redis.Redis, stage: str, seconds: float) -> None:
 def cumulative(raw: dict[str, float]) -> dict[str, tuple[list[tuple[str, float]], float]]:
     """stage -> (cumulative buckets as (upper bound, count), sum of seconds), from the stored
     per-bucket counts ("stage|bound" and "stage|sum" fields)."""
-    stages = {field.split("|", 1)[0] for field in raw}
+    stages = {field.rsplit("|", 1)[0] for field in raw}
     out = {}
     for stage in sorted(stages):
         buckets: list[tuple[str, float]] = []

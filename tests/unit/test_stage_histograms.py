@@ -2,7 +2,12 @@
 
 from __future__ import annotations
 
-from shared.stage_metrics import STAGE_BUCKETS, bucket_of, cumulative
+import math
+from typing import cast
+
+import redis
+
+from shared.stage_metrics import STAGE_BUCKETS, bucket_of, cumulative, record_stage
 
 
 def test_an_observation_falls_in_the_least_bound_at_or_above_it() -> None:
@@ -36,3 +41,19 @@ def test_the_buckets_read_back_cumulative_with_every_bound_and_the_sum() -> None
     assert dict(store)["0.5"] == 2
     assert dict(store)["+Inf"] == 2
     assert store_total == 0.6
+
+
+def test_a_stage_name_with_the_separator_keeps_its_observations() -> None:
+    raw = {f"ocr|pdf|{bucket_of(0.2)}": 1.0, "ocr|pdf|sum": 0.2}
+    buckets, total = cumulative(raw)["ocr|pdf"]
+    assert dict(buckets)["+Inf"] == 1
+    assert total == 0.2
+
+
+def test_a_duration_that_is_no_number_is_not_recorded() -> None:
+    class Refuses:
+        def pipeline(self, transaction: bool = True) -> object:
+            raise AssertionError("nothing should be sent")
+
+    for seconds in (math.nan, math.inf, -math.inf):
+        record_stage(cast(redis.Redis, Refuses()), "parse", seconds)

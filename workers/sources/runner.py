@@ -46,8 +46,12 @@ TURN_KEY = "ragline:sources:turn"  # counts the runners' rounds: which tenant is
 def fair_order(by_tenant: list[list[SyncRun]], turn: int) -> list[SyncRun]:
     """The runs to try in turn: each tenant's oldest, then each one's second, and so on, the tenant
     that goes first moving on by one with each `turn`, so every tenant with runs waiting gets a
-    runner in as many rounds as there are such tenants, however many runs another one queued."""
-    tenants = [runs for runs in by_tenant if runs]
+    runner in as many rounds as there are such tenants, however many runs another one queued.
+
+    The tenants take their places by name, not by their oldest run: that order changed as runs
+    ended, and a tenant could be passed over round after round (five times the tenants' number).
+    """
+    tenants = sorted((runs for runs in by_tenant if runs), key=lambda runs: runs[0].tenant_id)
     if not tenants:
         return []
     start = turn % len(tenants)
@@ -132,8 +136,12 @@ class SyncRunner:
                 log.warning("sync runner round failed (%d in a row)", failures, exc_info=failures == 1)
                 ran = False
             if not ran:
-                with contextlib.suppress(redis.RedisError):
+                try:
                     self.client.blpop([WAKE_KEY], timeout=POLL_S)
+                except redis.RedisError:
+                    # The wake-up list paces the rounds; with Redis away, the loop ran flat out,
+                    # a failing round (and an OpenSearch search) at a time.
+                    self._stop.wait(POLL_S)
 
     def queue_due(self) -> None:
         """Queue a run of every scheduled source that is due."""
