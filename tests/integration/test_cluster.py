@@ -299,7 +299,12 @@ def test_a_stopped_worker_leaves_its_queue_waiting_and_its_restart_drains_it(sta
         stack.script("worker", "start", EMBED_WORKER)  # whatever happened, the next test needs both
     docs = wait_terminal(stack.registry, kb, names, timeout_s=600)
     assert {d.status for d in docs.values()} == {DocStatus.READY}
-    assert all(stack.depth(queue) == 0 for queue in all_queues(stack.settings))
+    # A document an embedding batch took along leaves its own task queued, which finds it moved
+    # on and does nothing: such tasks may still wait when the last document is ready (CI saw one).
+    deadline = time.monotonic() + 120
+    while depths := {q: n for q in all_queues(stack.settings) if (n := stack.depth(q))}:
+        assert time.monotonic() < deadline, f"the queues never drained: {depths}"
+        time.sleep(1)
 
 
 @pytest.mark.timeout(2400)
