@@ -1,6 +1,7 @@
 # Ragline: `make up` runs the local stack, `make test` runs every check against it.
 SHELL := /bin/bash
-VENV ?= .venv
+# The virtual environment the local scripts use too (deploy/local/lib.sh): RAGLINE_VENV, else .venv.
+VENV ?= $(or $(RAGLINE_VENV),.venv)
 STACK := bash deploy/local/stack.sh
 
 .PHONY: install up demo down status test soak bench bench-quick lint format clean-state
