@@ -39,7 +39,14 @@ SOURCE_FIELDS = [
     LEGACY_SOURCE,
 ]
 KEY_FIELDS = ["kb_id", "doc_id", "generation"]
-HIGHLIGHT = {"fields": {"text": {"fragment_size": 160, "number_of_fragments": 2}}}
+# Highlighting reads at most this much of a chunk: OpenSearch refuses the whole search when a
+# hit's text is over `index.highlight.max_analyzed_offset`. Today's chunks are far shorter (the
+# chunk stage bounds them); a chunk stored before that bound existed may not be.
+HIGHLIGHT_MAX_CHARS = 100_000
+HIGHLIGHT = {
+    "max_analyzer_offset": HIGHLIGHT_MAX_CHARS,
+    "fields": {"text": {"fragment_size": 160, "number_of_fragments": 2}},
+}
 
 
 def filter_clauses(tenant_id: str, kb_ids: list[str], filters: Filters | None) -> list[dict[str, Any]]:

@@ -146,6 +146,8 @@ def test_thousand_files_killed_resumed_throttled_and_overtaken(
         resubmitted = summary["outcomes"].get("unchanged", 0) + summary["outcomes"].get("updated", 0)
         assert resubmitted >= uploaded
         assert summary["throttled"] > 0
+        unexpected = [f for f in summary["failures"] if expected.get(f["doc_id"]) != "failed"]
+        assert unexpected == []  # with each one's error, to say why
         failed_ids = {f["doc_id"] for f in summary["failures"]}
         assert failed_ids == {d for d, s in expected.items() if s == "failed"}
         assert all(

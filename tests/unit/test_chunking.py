@@ -4,9 +4,12 @@ from __future__ import annotations
 
 from typing import Any
 
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
 from shared.config import load_settings
 from shared.embedding import HEADER_TOKEN_BUDGET, SPECIAL_TOKENS, token_counter
-from workers.stages.chunk import chunk_elements
+from workers.stages.chunk import body_budget, chunk_elements, max_chars
 
 COUNTER = token_counter(load_settings().embedding)
 
@@ -67,6 +70,67 @@ def test_a_single_unbreakable_run_is_cut_at_token_boundaries() -> None:
     _, chunks = chunk_elements([_el(blob)], 256, 0, COUNTER)
     assert "".join(c["text"] for c in chunks) == blob
     assert max(COUNTER.count([c["text"] for c in chunks])) <= 256 - SPECIAL_TOKENS - HEADER_TOKEN_BUDGET
+
+
+def _assert_bounded_and_complete(
+    elements: list[dict[str, Any]], parsed: str, chunks: list[dict[str, Any]], chunk_size: int
+) -> None:
+    """Every chunk within the budget in tokens and in characters, true to its offsets, and every
+    visible character of the text in some chunk, but for a short title's (kept in the heading
+    path of the chunks after it)."""
+    budget = body_budget(chunk_size, COUNTER.max_seq_length)
+    covered = bytearray(len(parsed))
+    for chunk in chunks:
+        assert parsed[chunk["char_start"] : chunk["char_end"]] == chunk["text"]
+        assert len(chunk["text"]) <= max_chars(budget)
+        assert COUNTER.count([chunk["text"]])[0] <= budget
+        covered[chunk["char_start"] : chunk["char_end"]] = b"\x01" * len(chunk["text"])
+    offset = 0
+    for element in elements:
+        text = element["text"]
+        if element["type"] == "Title" and len(text) <= 200 and COUNTER.count([text])[0] <= budget:
+            covered[offset : offset + len(text)] = b"\x01" * len(text)
+        offset += len(text) + 2
+    assert all(covered[i] or parsed[i].isspace() for i in range(len(parsed)))
+
+
+def test_a_megabyte_line_is_cut_to_chunks_of_bounded_size() -> None:
+    # The tokenizer reads a word of over 100 characters as one unknown token: a CSV row of
+    # megabytes made a single chunk that OpenSearch then refused to highlight.
+    row = "x" * 2_000_000 + ",1"
+    elements = [_el("a,b"), _el(row), _el("Trailing words after the row.")]
+    parsed, chunks = chunk_elements(elements, 256, 32, COUNTER)
+    _assert_bounded_and_complete(elements, parsed, chunks, 256)
+    assert len(chunks) >= 2_000_000 // max_chars(body_budget(256, COUNTER.max_seq_length))
+
+
+def test_a_long_token_among_words_and_a_long_gap_stay_bounded() -> None:
+    text = "word " * 10 + "y" * 300_000 + " tail." + " " * 50_000 + "Next sentence here."
+    elements = [_el(text)]
+    parsed, chunks = chunk_elements(elements, 128, 24, COUNTER)
+    _assert_bounded_and_complete(elements, parsed, chunks, 128)
+    assert chunks[0]["text"].startswith("word word")
+    assert chunks[-1]["text"].endswith("Next sentence here.")
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    st.lists(
+        st.one_of(
+            st.text(alphabet=st.sampled_from("ab .\n,"), max_size=400),
+            st.integers(min_value=90, max_value=6000).map(lambda n: "z" * n),
+            st.integers(min_value=1, max_value=6000).map(lambda n: " " * n),
+            st.sampled_from(["Heading", "Section two", "Sentence one. Sentence two!"]),
+        ),
+        min_size=1,
+        max_size=12,
+    ),
+    st.sampled_from([64, 128, 256]),
+)
+def test_any_text_makes_bounded_chunks_that_cover_it(parts: list[str], chunk_size: int) -> None:
+    elements = [_el(p, "Title" if i % 4 == 0 else "NarrativeText", 1) for i, p in enumerate(parts)]
+    parsed, chunks = chunk_elements(elements, chunk_size, 16, COUNTER)
+    _assert_bounded_and_complete(elements, parsed, chunks, chunk_size)
 
 
 def test_a_small_section_on_a_new_page_still_starts_a_chunk() -> None:

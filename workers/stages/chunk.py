@@ -25,6 +25,10 @@ _PAGE_BREAK_MIN_FILL = 0.5
 # a heading and one line (a man page's SYNOPSIS, a two-line NOTES) retrieves poorly on its own and
 # costs a whole embedding. unstructured's chunk_by_title merges small sections for the same reason.
 _SECTION_MIN_FILL = 0.5
+# Prose takes about 4 characters a token and indented code or aligned tables several more; past
+# this, text is not what the model reads well, and a chunk is cut for its size in characters.
+MAX_CHARS_PER_TOKEN = 16
+HEADING_CHARS = 200  # of a title, in a chunk's heading path
 
 
 @dataclass
@@ -69,18 +73,33 @@ def body_budget(chunk_size: int, max_seq_length: int) -> int:
     return min(chunk_size, max_seq_length) - SPECIAL_TOKENS - HEADER_TOKEN_BUDGET
 
 
+def max_chars(budget: int) -> int:
+    """A chunk's most characters. The model's tokenizer reads any word over 100 characters as one
+    unknown token, so a budget in tokens alone let a megabyte-long line (a CSV row, a base64 blob)
+    make one chunk: too big to store, to send back or for OpenSearch to highlight."""
+    return budget * MAX_CHARS_PER_TOKEN
+
+
 def split_long(text: str, start: int, budget: int, counter: TokenCounter) -> list[tuple[str, int, int]]:
-    """Cut a span longer than the budget at token boundaries (code, tables, run-on text)."""
+    """Cut a span over the budget, in tokens or characters, at token boundaries (code, tables,
+    run-on text); a token longer than a chunk may be is cut where the limit falls."""
+    limit = max_chars(budget)
+    bounds = [(cut, min(cut + limit, hi)) for lo, hi in counter.offsets(text) for cut in range(lo, hi, limit)]
     spans: list[tuple[str, int, int]] = []
-    offsets = counter.offsets(text)
-    for first in range(0, len(offsets), budget):
-        window = offsets[first : first + budget]
-        lo, hi = window[0][0], window[-1][1]
-        if first + budget < len(offsets):
-            hi = offsets[first + budget][0]
+    first = 0
+    while first < len(bounds):
+        lo = bounds[first][0]
+        last = first
+        while last + 1 < len(bounds) and last + 1 - first < budget and bounds[last + 1][1] - lo <= limit:
+            last += 1
+        # The text up to the next piece belongs to this one, when it fits.
+        hi = bounds[last][1]
+        if last + 1 < len(bounds) and bounds[last + 1][0] - lo <= limit:
+            hi = bounds[last + 1][0]
         piece = text[lo:hi]
         if piece.strip():
             spans.append((piece, start + lo, start + hi))
+        first = last + 1
     return spans
 
 
@@ -109,18 +128,22 @@ def pieces_of(elements: list[dict[str, Any]], budget: int, counter: TokenCounter
     counts = iter(counter.count([span[0] for spans in spans_of for span in spans]))
     pieces: list[Piece] = []
     headings: list[tuple[int, str]] = []
+    limit = max_chars(budget)
     for element, spans in zip(elements, spans_of, strict=True):
         text = element["text"]
         page_num, page_label = element.get("page_number"), element.get("page_label")
         is_title = element.get("type") == "Title"
         if is_title:
             depth = int(element.get("category_depth") or 0)
-            headings = [h for h in headings if h[0] < depth] + [(depth, " ".join(text.split())[:200])]
+            headings = [h for h in headings if h[0] < depth] + [
+                (depth, " ".join(text.split())[:HEADING_CHARS])
+            ]
         for index, span in enumerate(spans):
             count = next(counts)
-            sub_spans = [span] if count <= budget else split_long(span[0], span[1], budget, counter)
-            sub_counts = [count] if count <= budget else counter.count([s[0] for s in sub_spans])
-            for sub_index, (sub, sub_count) in enumerate(zip(sub_spans, sub_counts, strict=True)):
+            fits = count <= budget and len(span[0]) <= limit
+            sub_spans = [span] if fits else split_long(span[0], span[1], budget, counter)
+            sub_counts = [count] if fits else counter.count([s[0] for s in sub_spans])
+            for sub, sub_count in zip(sub_spans, sub_counts, strict=True):
                 pieces.append(
                     Piece(
                         text=sub[0],
@@ -130,7 +153,12 @@ def pieces_of(elements: list[dict[str, Any]], budget: int, counter: TokenCounter
                         page_num=page_num,
                         page_label=page_label,
                         headings=tuple(h[1] for h in headings),
-                        section_start=is_title and index == 0 and sub_index == 0,
+                        # Headings alone before an overflow give way to the text after them, as
+                        # their words stay in its heading path: a title too long for that is text.
+                        section_start=is_title
+                        and index == 0
+                        and len(sub_spans) == 1
+                        and len(text) <= HEADING_CHARS,
                     )
                 )
     return "\n\n".join(parts), pieces
@@ -149,6 +177,7 @@ def pack(pieces: list[Piece], parsed: str, budget: int, overlap: int, counter: T
     chunks: list[Chunk] = []
     current: list[Piece] = []
     size = 0
+    limit = max_chars(budget)
 
     def close(last: bool = False) -> None:
         if not current or (not last and all(p.section_start for p in current)):
@@ -179,13 +208,18 @@ def pack(pieces: list[Piece], parsed: str, budget: int, overlap: int, counter: T
         if section_break or (page_changed and size >= budget * _PAGE_BREAK_MIN_FILL):
             close()
             current, size = [], 0
-        elif current and size + piece.tokens + 1 > budget:
+        elif current and (size + piece.tokens + 1 > budget or piece.end - current[0].start > limit):
             close()
             carried: list[Piece] = []
             carried_size = 0
             for previous in reversed(current):
                 # A new section starts clean: the tail of the last one is not its context.
-                if piece.section_start or carried_size + previous.tokens > overlap or previous.section_start:
+                if (
+                    piece.section_start
+                    or carried_size + previous.tokens > overlap
+                    or previous.section_start
+                    or piece.end - previous.start > limit
+                ):
                     break
                 carried.insert(0, previous)
                 carried_size += previous.tokens + 1
@@ -196,12 +230,16 @@ def pack(pieces: list[Piece], parsed: str, budget: int, overlap: int, counter: T
     counts = counter.count([chunk.text for chunk in chunks]) if chunks else []
     for chunk, count in zip(chunks, counts, strict=True):
         chunk.token_count = count
-    return [chunk for chunk in chunks if chunk.token_count <= budget] + [
+    return [chunk for chunk in chunks if _fits(chunk, budget, limit)] + [
         piece_chunk
         for chunk in chunks
-        if chunk.token_count > budget
+        if not _fits(chunk, budget, limit)
         for piece_chunk in _resplit(chunk, budget, counter)
     ]
+
+
+def _fits(chunk: Chunk, budget: int, limit: int) -> bool:
+    return chunk.token_count <= budget and len(chunk.text) <= limit
 
 
 def _resplit(chunk: Chunk, budget: int, counter: TokenCounter) -> list[Chunk]:
