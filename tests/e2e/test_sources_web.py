@@ -161,6 +161,17 @@ def test_a_crawled_site_is_followed_page_by_page(stack: OwnStack, site: Site, kb
         assert all(since is not None for _, since in pages), pages
         assert client.get(f"/v1/batches/{third['run_id']}").status_code == 404  # nothing submitted
 
+        # The start page gone (a site mid-deploy), then disallowed: a crawl that found nothing
+        # would delete every document; the run fails and leaves them.
+        (site.root / "docs/index.html").unlink()
+        gone = sync(client, kb, "aviary")
+        assert (gone["status"], gone["error"]["code"]) == ("failed", "NOT_FOUND"), gone
+        site.write("docs/index.html", _page("Home", "The aviary guide.", ["birds/owl.html"]))
+        site.write("robots.txt", "User-agent: *\nDisallow: /docs/index.html\n")
+        refused = sync(client, kb, "aviary")
+        assert (refused["status"], refused["error"]["code"]) == ("failed", "FETCH_REFUSED"), refused
+        assert set(documents(client, kb)) == {"index.html", "birds/owl.html", "birds/kite.html"}
+
 
 def test_a_sitemap_names_the_pages_and_a_killed_worker_resumes(stack: OwnStack, site: Site, kb: str) -> None:
     total = 300

@@ -12,7 +12,10 @@ only what the fetch policy allows, redirects included. The crawl:
 - a page's version is its content's hash, so an answer without validators that sends the same
   bytes is still unchanged;
 - a page that answers 404 or 410 is gone (its document is deleted); any other failure keeps the
-  page's document as it was.
+  page's document as it was;
+- a start page that is gone, disallowed or redirected out of the prefix fails the run: a crawl
+  that found nothing would delete every document of the source (a site mid-deploy, a robots.txt
+  typo).
 """
 
 from __future__ import annotations
@@ -47,6 +50,14 @@ _SKIPPED_SUFFIXES = (
     ".mp3", ".mp4", ".webm", ".avi", ".mov", ".zip", ".gz", ".tgz", ".exe",
 )  # fmt: skip
 _SAFE_XML = etree.XMLParser(resolve_entities=False, no_network=True, huge_tree=False, load_dtd=False)
+
+
+class NotTaken(Exception):
+    """A page that is no item of the source, and why."""
+
+    def __init__(self, reason: str, code: ErrorCode) -> None:
+        super().__init__(reason)
+        self.reason, self.code = reason, code
 
 
 def _normal(url: str) -> str:
@@ -187,10 +198,12 @@ class WebConnector(Connector):
         for url in dict.fromkeys(pages):
             if taken >= self.settings.max_pages:
                 return
-            found = self._page(url, known, run_id)
-            if found is not None:
-                taken += 1
-                yield found
+            try:
+                found = self._page(url, known, run_id)
+            except NotTaken:
+                continue
+            taken += 1
+            yield found
 
     def _crawl(self, known: Mapping[str, ItemState], run_id: str) -> Iterator[Found]:
         start = _normal(self.settings.url)
@@ -199,8 +212,12 @@ class WebConnector(Connector):
         taken = 0
         while queue and taken < self.settings.max_pages:
             url, depth = queue.popleft()
-            found = self._page(url, known, run_id)
-            if found is None:
+            try:
+                found = self._page(url, known, run_id)
+            except NotTaken as skipped:
+                if url == start:
+                    message = f"the start page {skipped.reason}; the run changed nothing"
+                    raise RaglineError(message, code=skipped.code, details={"url": url}) from None
                 continue
             taken += 1
             yield found
@@ -216,15 +233,15 @@ class WebConnector(Connector):
 
     # one page
 
-    def _page(self, url: str, known: Mapping[str, ItemState], run_id: str) -> Found | None:
-        """The page as an item; None when it is not to be taken (robots, out of the prefix, gone)."""
+    def _page(self, url: str, known: Mapping[str, ItemState], run_id: str) -> Found:
+        """The page as an item; NotTaken when it is not one (robots, out of the prefix, gone)."""
         state = known.get(url)
         remembered = state.extra if state is not None else {}
         base = Found(key=url, uri=url, version=None, doc_id=page_doc_id(url, self.prefix), extra=remembered)
         if state is not None and state.run_id == run_id and state.outcome != ItemOutcome.FAILED:
             return replace(base, version=state.version, unchanged=True)  # done before a resume
         if not self._allowed(url):
-            return None
+            raise NotTaken("is disallowed by robots.txt", ErrorCode.FETCH_REFUSED)
         live = state is not None and state.outcome not in (ItemOutcome.DELETED, ItemOutcome.FAILED)
         validators = (
             Validators(remembered.get("etag"), remembered.get("last_modified")) if live else Validators()
@@ -236,13 +253,13 @@ class WebConnector(Connector):
                     return replace(base, version=state.version, unchanged=True)
                 final = _normal(fetched.url)
                 if not self._within(final):
-                    return None  # redirected out of the prefix
+                    raise NotTaken(f"redirects out of the prefix {self.prefix}", ErrorCode.FETCH_REFUSED)
                 body = b"".join(fetched.body)
                 kind = fetched.content_type
                 found_validators = fetched.validators
         except RaglineError as error:
-            if error.details.get("status") in GONE_STATUS:
-                return None
+            if (status := error.details.get("status")) in GONE_STATUS:
+                raise NotTaken(f"is gone (HTTP {status})", ErrorCode.NOT_FOUND) from None
             return replace(base, error=error)
         links = (
             links_of(body, final)[:MAX_LINKS_KEPT] if kind in ("text/html", "application/xhtml+xml") else []
