@@ -15,6 +15,7 @@ process-wide cap, for the same reason.
 
 from __future__ import annotations
 
+import json
 import re
 from collections import Counter, deque
 from collections.abc import Iterator
@@ -26,6 +27,7 @@ from mcp.server.auth.provider import AccessToken
 from mcp.server.fastmcp import FastMCP
 from mcp.server.lowlevel.server import Server as MCPServer
 from mcp.server.transport_security import RequestBodyLimitMiddleware
+from mcp.types import INVALID_REQUEST, PARSE_ERROR
 from starlette.datastructures import Headers
 from starlette.responses import JSONResponse
 from starlette.types import Message, Receive, Scope, Send
@@ -83,9 +85,30 @@ def unparseable(body: bytes) -> str | None:
     return None
 
 
-def parse_error(reason: str) -> JSONResponse:
-    """A JSON-RPC parse error (-32700), answered 400 as the SDK answers malformed JSON."""
-    error = {"code": -32700, "message": f"Parse error: {reason}"}
+def invalid_request(body: bytes) -> str | None:
+    """Why a parseable body is no JSON-RPC message the SDK would answer, or None.
+
+    The SDK took a request whose id is null, an object or a fraction for a notification (202, and
+    the client waited for an answer that never came), and answered a batch (which MCP no longer
+    has) with a validation error quoting the whole input. Called once `unparseable` passed: the
+    body parses within Python's limits.
+    """
+    try:
+        message = json.loads(body)
+    except ValueError:
+        return None  # the SDK answers its own parse error
+    if isinstance(message, list):
+        return "batches are not supported; send one message a request"
+    if isinstance(message, dict) and "id" in message:
+        request_id = message["id"]
+        if isinstance(request_id, bool) or not isinstance(request_id, str | int):
+            return "the id must be a string or an integer"
+    return None
+
+
+def jsonrpc_error(code: int, message: str) -> JSONResponse:
+    """A JSON-RPC error without a request id, answered 400 as the SDK answers malformed JSON."""
+    error = {"code": code, "message": message}
     return JSONResponse(status_code=400, content={"jsonrpc": "2.0", "id": None, "error": error})
 
 
@@ -133,10 +156,14 @@ class EnvelopeBodyLimit(RequestBodyLimitMiddleware):
             if not message.get("more_body", False):
                 pending.appendleft({"type": "http.request", "body": bytes(body), "more_body": False})
                 break
-        reason = unparseable(bytes(body)) if scope["method"] == "POST" else None
-        if reason is not None:
-            await parse_error(reason)(scope, receive, send)
-            return
+        if scope["method"] == "POST":
+            data = bytes(body)
+            if (reason := unparseable(data)) is not None:
+                await jsonrpc_error(PARSE_ERROR, f"Parse error: {reason}")(scope, receive, send)
+                return
+            if (reason := invalid_request(data)) is not None:
+                await jsonrpc_error(INVALID_REQUEST, f"Invalid Request: {reason}")(scope, receive, send)
+                return
 
         async def replay() -> Message:
             return pending.popleft() if pending else await receive()

@@ -56,6 +56,52 @@ def test_mcp_answers_an_unparseable_body_with_a_parse_error(server: Server, body
         assert b"Traceback" not in log.read()
 
 
+@pytest.mark.parametrize(
+    ("body", "reason"),
+    [
+        (b'{"jsonrpc":"2.0","id":null,"method":"ping"}', "the id must be a string or an integer"),
+        (b'{"jsonrpc":"2.0","id":{"n":1},"method":"ping"}', "the id must be a string or an integer"),
+        (b'{"jsonrpc":"2.0","id":1.5,"method":"ping"}', "the id must be a string or an integer"),
+        (b'{"jsonrpc":"2.0","id":true,"method":"ping"}', "the id must be a string or an integer"),
+        (
+            b'[{"jsonrpc":"2.0","id":1,"method":"ping"}]',
+            "batches are not supported; send one message a request",
+        ),
+    ],
+    ids=["null-id", "object-id", "fraction-id", "boolean-id", "batch"],
+)
+def test_mcp_answers_a_request_it_cannot_answer_with_invalid_request(
+    server: Server, body: bytes, reason: str
+) -> None:
+    # The SDK took the first four for notifications (202: the client waited for an answer that
+    # never came) and answered the batch with a validation error that quoted the input back.
+    with server.client("a_admin") as client:
+        opened = client.post(
+            "/mcp",
+            headers=MCP_HEADERS,
+            json={
+                "jsonrpc": "2.0",
+                "id": 1,
+                "method": "initialize",
+                "params": {
+                    "protocolVersion": "2025-06-18",
+                    "capabilities": {},
+                    "clientInfo": {"name": "t", "version": "1"},
+                },
+            },
+        )
+        session = {"mcp-session-id": opened.headers["mcp-session-id"], **MCP_HEADERS}
+        response = client.post("/mcp", content=body, headers=session)
+        assert response.status_code == 400, response.text
+        assert response.json() == {
+            "jsonrpc": "2.0",
+            "id": None,
+            "error": {"code": -32600, "message": f"Invalid Request: {reason}"},
+        }
+        fine = client.post("/mcp", content=b'{"jsonrpc":"2.0","id":"a","method":"ping"}', headers=session)
+        assert fine.json() == {"jsonrpc": "2.0", "id": "a", "result": {}}
+
+
 def test_every_openapi_operation_has_its_own_id(server: Server) -> None:
     with server.client("a_admin") as client:
         schema = client.get("/openapi.json").json()
