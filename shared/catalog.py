@@ -48,8 +48,10 @@ class KbView(BaseModel):
     embedding_dimension: int
     reembed: Reembed | None
     reembed_error: str | None
-    document_count: int
-    chunk_count: int
+    document_count: int = Field(description="Documents not deleted: queued, in work, ready or failed.")
+    chunk_count: int = Field(
+        description="Their chunks; a document in work counts its new version's once chunked."
+    )
     created_at: str
     updated_at: str
 
