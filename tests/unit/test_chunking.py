@@ -76,10 +76,11 @@ def _assert_bounded_and_complete(
     elements: list[dict[str, Any]], parsed: str, chunks: list[dict[str, Any]], chunk_size: int
 ) -> None:
     """Every chunk within the budget in tokens and in characters, true to its offsets, and every
-    visible character of the text in some chunk, but for a short title's (kept in the heading
-    path of the chunks after it)."""
+    visible character of the text in some chunk, but for a title's that the heading path of a
+    chunk holds whole."""
     budget = body_budget(chunk_size, COUNTER.max_seq_length)
     covered = bytearray(len(parsed))
+    paths = {heading for chunk in chunks for heading in chunk["headings"]}
     for chunk in chunks:
         assert parsed[chunk["char_start"] : chunk["char_end"]] == chunk["text"]
         assert len(chunk["text"]) <= max_chars(budget)
@@ -88,7 +89,7 @@ def _assert_bounded_and_complete(
     offset = 0
     for element in elements:
         text = element["text"]
-        if element["type"] == "Title" and len(text) <= 200 and COUNTER.count([text])[0] <= budget:
+        if element["type"] == "Title" and " ".join(text.split()) in paths:
             covered[offset : offset + len(text)] = b"\x01" * len(text)
         offset += len(text) + 2
     assert all(covered[i] or parsed[i].isspace() for i in range(len(parsed)))
@@ -117,8 +118,9 @@ def test_a_long_token_among_words_and_a_long_gap_stay_bounded() -> None:
 @given(
     st.lists(
         st.one_of(
-            st.text(alphabet=st.sampled_from("ab .\n,"), max_size=400),
+            st.text(alphabet=st.sampled_from("ab .\n,\ufffd\u200b\u0301\ue000"), max_size=400),
             st.integers(min_value=90, max_value=6000).map(lambda n: "z" * n),
+            st.integers(min_value=1, max_value=6000).map(lambda n: "\ufffd" * n),
             st.integers(min_value=1, max_value=6000).map(lambda n: " " * n),
             st.sampled_from(["Heading", "Section two", "Sentence one. Sentence two!"]),
         ),
@@ -131,6 +133,25 @@ def test_any_text_makes_bounded_chunks_that_cover_it(parts: list[str], chunk_siz
     elements = [_el(p, "Title" if i % 4 == 0 else "NarrativeText", 1) for i, p in enumerate(parts)]
     parsed, chunks = chunk_elements(elements, chunk_size, 16, COUNTER)
     _assert_bounded_and_complete(elements, parsed, chunks, chunk_size)
+
+
+def test_sibling_headings_and_text_the_tokenizer_drops_are_kept() -> None:
+    # Headings alone that overflow were dropped when the heading path held only the last of them;
+    # runs of characters the tokenizer reads as nothing were cut out between tokens.
+    elements = [_el(f"Section {i} siblingword{i} " + "q" * 180, "Title", 2) for i in range(40)]
+    elements += [_el("Body text. " + "\ufffd" * 10_000 + " tailword.")]
+    parsed, chunks = chunk_elements(elements, 256, 32, COUNTER)
+    _assert_bounded_and_complete(elements, parsed, chunks, 256)
+    joined = "".join(c["text"] for c in chunks)
+    assert all(f"siblingword{i} " in joined for i in range(39))
+    assert joined.count("\ufffd") == 10_000
+
+
+def test_a_heading_before_a_long_block_leads_it_without_a_chunk_of_its_own() -> None:
+    elements = [_el("Usage", "Title", 1), _el(" ".join(f"flag{i}" for i in range(3000)))]  # no sentence ends
+    _, chunks = chunk_elements(elements, 256, 32, COUNTER)
+    assert all(c["headings"] == ["Usage"] for c in chunks)
+    assert not any(c["text"] == "Usage" for c in chunks)
 
 
 def test_a_small_section_on_a_new_page_still_starts_a_chunk() -> None:

@@ -82,9 +82,16 @@ def max_chars(budget: int) -> int:
 
 def split_long(text: str, start: int, budget: int, counter: TokenCounter) -> list[tuple[str, int, int]]:
     """Cut a span over the budget, in tokens or characters, at token boundaries (code, tables,
-    run-on text); a token longer than a chunk may be is cut where the limit falls."""
+    run-on text); a token longer than a chunk may be is cut where the limit falls, and so is text
+    the tokenizer reads as nothing (U+FFFD, private-use or zero-width characters), which is kept."""
     limit = max_chars(budget)
-    bounds = [(cut, min(cut + limit, hi)) for lo, hi in counter.offsets(text) for cut in range(lo, hi, limit)]
+    bounds: list[tuple[int, int]] = []
+    cursor = 0
+    for lo, hi in [*counter.offsets(text), (len(text), len(text))]:
+        if lo > cursor and not text[cursor:lo].isspace():
+            bounds += [(cut, min(cut + limit, lo)) for cut in range(cursor, lo, limit)]
+        bounds += [(cut, min(cut + limit, hi)) for cut in range(lo, hi, limit)]
+        cursor = max(cursor, hi)
     spans: list[tuple[str, int, int]] = []
     first = 0
     while first < len(bounds):
@@ -135,9 +142,7 @@ def pieces_of(elements: list[dict[str, Any]], budget: int, counter: TokenCounter
         is_title = element.get("type") == "Title"
         if is_title:
             depth = int(element.get("category_depth") or 0)
-            headings = [h for h in headings if h[0] < depth] + [
-                (depth, " ".join(text.split())[:HEADING_CHARS])
-            ]
+            headings = [h for h in headings if h[0] < depth] + [(depth, _heading(text))]
         for index, span in enumerate(spans):
             count = next(counts)
             fits = count <= budget and len(span[0]) <= limit
@@ -153,8 +158,8 @@ def pieces_of(elements: list[dict[str, Any]], budget: int, counter: TokenCounter
                         page_num=page_num,
                         page_label=page_label,
                         headings=tuple(h[1] for h in headings),
-                        # Headings alone before an overflow give way to the text after them, as
-                        # their words stay in its heading path: a title too long for that is text.
+                        # Headings alone before an overflow give way to the text after them when
+                        # its heading path holds them (`pack`): a title too long for that is text.
                         section_start=is_title
                         and index == 0
                         and len(sub_spans) == 1
@@ -162,6 +167,11 @@ def pieces_of(elements: list[dict[str, Any]], budget: int, counter: TokenCounter
                     )
                 )
     return "\n\n".join(parts), pieces
+
+
+def _heading(title: str) -> str:
+    """A title as a chunk's heading path holds it."""
+    return " ".join(title.split())[:HEADING_CHARS]
 
 
 def _main_headings(pieces: list[Piece]) -> tuple[str, ...]:
@@ -179,9 +189,19 @@ def pack(pieces: list[Piece], parsed: str, budget: int, overlap: int, counter: T
     size = 0
     limit = max_chars(budget)
 
-    def close(last: bool = False) -> None:
-        if not current or (not last and all(p.section_start for p in current)):
-            return  # headings alone lead the next chunk, unless nothing follows them
+    def close(following: Piece | None = None) -> None:
+        """End the chunk of `current`. Headings alone are left out when the piece that follows
+        them holds each in its heading path and fills half a chunk, so that no other section
+        shares its chunk and that path is the chunk's; sibling headings, or the last ones, stay."""
+        if not current:
+            return
+        if (
+            following is not None
+            and following.tokens >= budget * _SECTION_MIN_FILL
+            and all(p.section_start for p in current)
+            and all(_heading(p.text) in following.headings for p in current)
+        ):
+            return
         text = parsed[current[0].start : current[-1].end]
         chunks.append(
             Chunk(
@@ -206,10 +226,10 @@ def pack(pieces: list[Piece], parsed: str, budget: int, overlap: int, counter: T
         )
         # +1: joining two pieces can cost a token at the seam.
         if section_break or (page_changed and size >= budget * _PAGE_BREAK_MIN_FILL):
-            close()
+            close(piece)
             current, size = [], 0
         elif current and (size + piece.tokens + 1 > budget or piece.end - current[0].start > limit):
-            close()
+            close(piece)
             carried: list[Piece] = []
             carried_size = 0
             for previous in reversed(current):
@@ -226,7 +246,7 @@ def pack(pieces: list[Piece], parsed: str, budget: int, overlap: int, counter: T
             current, size = carried, carried_size
         current.append(piece)
         size += piece.tokens + 1
-    close(last=True)
+    close()
     counts = counter.count([chunk.text for chunk in chunks]) if chunks else []
     for chunk, count in zip(chunks, counts, strict=True):
         chunk.token_count = count
