@@ -61,6 +61,9 @@ def source_add(
     exclude: Annotated[list[str] | None, typer.Option(help="Globs of what to leave (repeatable).")] = None,
     every: Annotated[int | None, typer.Option(help="Sync by itself every this many seconds (>= 60).")] = None,
     doc_id_prefix: Annotated[str, typer.Option(help="Put before each document id, e.g. 'wiki/'.")] = "",
+    max_deleted_share: Annotated[
+        float, typer.Option(min=0.0, max=1.0, help="A run deleting more of its documents fails (1: never).")
+    ] = 0.5,
     settings_json: Annotated[
         str | None, typer.Option("--settings", help="The type's settings as JSON (instead of the options).")
     ] = None,
@@ -73,7 +76,13 @@ def source_add(
         if settings_json
         else _settings(kind, path, url, bucket, prefix, endpoint_url, ref, include, exclude)
     )
-    body: dict[str, Any] = {"type": kind, "name": name, "settings": settings, "doc_id_prefix": doc_id_prefix}
+    body: dict[str, Any] = {
+        "type": kind,
+        "name": name,
+        "settings": settings,
+        "doc_id_prefix": doc_id_prefix,
+        "max_deleted_share": max_deleted_share,
+    }
     if source_id:
         body["source_id"] = source_id
     if every is not None:
@@ -121,12 +130,17 @@ def source_sync(
     kb_id: str,
     source_id: str,
     wait: Annotated[bool, typer.Option(help="Wait for the run to end and print its counts.")] = True,
+    allow_deletions: Annotated[
+        bool, typer.Option(help="Delete past the source's max_deleted_share, this run only.")
+    ] = False,
     server: Server = None,
     api_key: ApiKey = None,
     as_json: AsJson = False,
 ) -> None:
     """Run a source now (or join its run under way); exits 1 if the run fails or an item failed."""
-    run = _call(_remote(server, api_key), "POST", api_path("kbs", kb_id, "sources", source_id, "sync"))
+    path = api_path("kbs", kb_id, "sources", source_id, "sync")
+    params = {"allow_deletions": "true"} if allow_deletions else {}
+    run = _call(_remote(server, api_key), "POST", path, params=params)
     if wait:
         run = _follow(server, api_key, kb_id, source_id, run, as_json)
     _finish(run, as_json)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from functools import partial
 from typing import Annotated
 
 from mcp.types import ToolAnnotations
@@ -58,12 +59,18 @@ async def sync_source(
     wait_seconds: Annotated[
         float, Field(ge=0, le=600, description="Wait up to this long for the run to end.")
     ] = 0,
+    allow_deletions: Annotated[
+        bool, Field(description="Delete past the source's max_deleted_share, this run only.")
+    ] = False,
 ) -> SyncRun:
     """Sync a source now (or join the run under way): new and changed items are ingested, vanished
-    ones deleted. The run reports counts per outcome and each failure with its code."""
+    ones deleted. The run reports counts per outcome and each failure with its code; one that would
+    delete more than the source's max_deleted_share fails with CONFLICT and deletes nothing."""
     principal = caller(ctx, Role.WRITE)
     state = services(ctx).state
-    run = await run_in_threadpool(state.sources.sync, principal.tenant, kb_id, source_id)
+    run = await run_in_threadpool(
+        partial(state.sources.sync, allow_deletions=allow_deletions), principal.tenant, kb_id, source_id
+    )
     deadline = time.monotonic() + wait_seconds
     listed = -1
     while run.status.active and time.monotonic() < deadline:

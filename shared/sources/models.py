@@ -139,6 +139,15 @@ class _SourceSpec(BaseModel):
         description="Put before each item's id (e.g. 'wiki/'), so that two sources of one KB never "
         "name the same document.",
     )
+    max_deleted_share: float = Field(
+        0.5,
+        ge=0.0,
+        le=1.0,
+        description="A run that would delete more than this share of the source's documents (and more "
+        "than one) fails with CONFLICT and deletes nothing: a site mid-deploy, an unmounted folder or a "
+        "robots.txt typo lists little. 1 turns the check off; a sync with allow_deletions lets one run "
+        "through.",
+    )
 
 
 class FolderSpec(_SourceSpec):
@@ -205,6 +214,7 @@ class SyncRun(BaseModel):
     source_id: str
     status: RunStatus = RunStatus.QUEUED
     trigger: Trigger = "manual"
+    allow_deletions: bool = False  # past the source's max_deleted_share, this run only
     attempts: int = 0
     claimed_by: str | None = None
     counts: dict[str, int] = Field(default_factory=dict)
@@ -228,6 +238,7 @@ class Source(BaseModel):
     settings: dict[str, Any]
     schedule: Schedule | None = None
     doc_id_prefix: str = ""
+    max_deleted_share: float = 0.5
     deleting: bool = False
     # What an incremental type carries from one run to the next (git: the commit last synced).
     cursor: dict[str, Any] = Field(default_factory=dict)

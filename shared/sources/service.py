@@ -56,6 +56,7 @@ class SourceView(BaseModel):
     settings: dict[str, Any]
     schedule: dict[str, Any] | None
     doc_id_prefix: str
+    max_deleted_share: float
     deleting: bool
     last_run: SyncRun | None
     active_run: SyncRun | None
@@ -74,6 +75,7 @@ def view(source: Source, active: SyncRun | None) -> SourceView:
         settings=shown,
         schedule=source.schedule.model_dump() if source.schedule else None,
         doc_id_prefix=source.doc_id_prefix,
+        max_deleted_share=source.max_deleted_share,
         deleting=source.deleting,
         last_run=source.last_run,
         active_run=active,
@@ -119,6 +121,7 @@ class Sources:
             settings=stored_settings(spec),
             schedule=spec.schedule,
             doc_id_prefix=spec.doc_id_prefix,
+            max_deleted_share=spec.max_deleted_share,
             next_run_at=utcnow() if spec.schedule is not None else None,
         )
         return view(self.store.create(source), None)
@@ -131,14 +134,17 @@ class Sources:
         source = self.store.get(tenant_id, kb_id, source_id)
         return view(source, self._active(source))
 
-    def sync(self, tenant_id: str, kb_id: str, source_id: str) -> SyncRun:
-        """Queue a run of the source, or answer the one already queued or running (one at a time)."""
+    def sync(self, tenant_id: str, kb_id: str, source_id: str, *, allow_deletions: bool = False) -> SyncRun:
+        """Queue a run of the source, or answer the one already queued or running (one at a time).
+        `allow_deletions`: the run may delete past the source's `max_deleted_share`."""
         source = self.store.get(tenant_id, kb_id, source_id)
         if source.deleting:
             raise RaglineError(f"source '{source_id}' is being removed", code=ErrorCode.CONFLICT)
-        return self.start(source, "manual")
+        return self.start(source, "manual", allow_deletions=allow_deletions)
 
-    def start(self, source: Source, trigger: Trigger, run_id: str | None = None) -> SyncRun:
+    def start(
+        self, source: Source, trigger: Trigger, run_id: str | None = None, *, allow_deletions: bool = False
+    ) -> SyncRun:
         key = source_key(source.tenant_id, source.kb_id, source.source_id)
         lock = self.broker.lock(
             f"ragline:sources:start:{key}", timeout=_START_LOCK_S, blocking_timeout=_START_LOCK_S
@@ -159,6 +165,7 @@ class Sources:
                 kb_id=source.kb_id,
                 source_id=source.source_id,
                 trigger=trigger,
+                allow_deletions=allow_deletions,
             )
             self.store.create_run(run)
         finally:

@@ -13,7 +13,7 @@ import pytest
 
 from shared.config import Settings
 from tests.e2e.helpers import Server
-from tests.e2e.sources import add, counts, documents, kill_worker_mid_run, sync
+from tests.e2e.sources import add, counts, documents, kill_worker_mid_run, sync, wait_run
 
 pytestmark = pytest.mark.e2e
 
@@ -88,6 +88,21 @@ def test_a_folder_source_follows_its_folder(server: Server, folder: Path, kb: st
         assert listed[0]["last_run"]["run_id"] == third["run_id"]
         runs = client.get(f"/v1/kbs/{kb}/sources/docs/runs").json()["runs"]
         assert [r["run_id"] for r in runs] == [third["run_id"], second["run_id"], first["run_id"]]
+
+        # The folder empty (a disk not mounted): the run would delete all three documents, so it
+        # fails and deletes nothing, until a run is allowed to.
+        for path in (folder / "guide" / "install.md", folder / "guide" / "usage.md", folder / "faq.md"):
+            path.unlink()
+        emptied = sync(client, kb, "docs")
+        assert (emptied["status"], emptied["error"]["code"]) == ("failed", "CONFLICT"), emptied
+        assert "would delete 3 of the source's 3 documents" in emptied["error"]["message"]
+        assert set(documents(client, kb)) == {"guide/install.md", "guide/usage.md", "faq.md"}
+        allowed = client.post(f"/v1/kbs/{kb}/sources/docs/sync", params={"allow_deletions": "true"})
+        assert allowed.status_code == 202, allowed.text
+        assert allowed.json()["allow_deletions"] is True
+        cleared = wait_run(client, kb, "docs", allowed.json()["run_id"])
+        assert counts(cleared) == {"deleted": 3}, cleared
+        assert documents(client, kb) == {}
 
 
 def test_an_upload_and_a_source_never_take_each_others_documents(

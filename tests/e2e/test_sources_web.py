@@ -171,6 +171,12 @@ def test_a_crawled_site_is_followed_page_by_page(stack: OwnStack, site: Site, kb
         refused = sync(client, kb, "aviary")
         assert (refused["status"], refused["error"]["code"]) == ("failed", "FETCH_REFUSED"), refused
         assert set(documents(client, kb)) == {"index.html", "birds/owl.html", "birds/kite.html"}
+        # A maintenance page in its place, with no links: the run would delete two of three.
+        site.write("robots.txt", "User-agent: *\n")
+        site.write("docs/index.html", _page("Home", "Down for maintenance.", []), later=True)
+        maintenance = sync(client, kb, "aviary")
+        assert (maintenance["status"], maintenance["error"]["code"]) == ("failed", "CONFLICT"), maintenance
+        assert set(documents(client, kb)) == {"index.html", "birds/owl.html", "birds/kite.html"}
 
 
 def test_a_sitemap_names_the_pages_and_a_killed_worker_resumes(stack: OwnStack, site: Site, kb: str) -> None:

@@ -53,7 +53,7 @@ ONLY_REST: dict[str, set[str]] = {
     # An upload's batch and queue wish belong to bulk clients; a tool call is one interactive document.
     "ingest": {"batch_id", "priority"},
     # The source's fields are the body: MCP `add_source` takes them as `source`.
-    "add_source": {"type", "settings", "source_id", "name", "schedule", "doc_id_prefix"},
+    "add_source": {"type", "settings", "source_id", "name", "schedule", "doc_id_prefix", "max_deleted_share"},
 }
 
 # REST operations that are not tools, and why an agent does without them.

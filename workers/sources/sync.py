@@ -14,7 +14,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import time
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from datetime import timedelta
 
@@ -147,9 +147,15 @@ class SyncEngine:
             self._flush(state, run)
             if not connector.incremental:
                 self._check(run, may_go_on)
-                for key, known in state.known.items():
-                    if key not in state.seen and known.outcome != ItemOutcome.DELETED:
-                        self._keep(state, self._delete(state, known))
+                missing = [
+                    known
+                    for key, known in state.known.items()
+                    if key not in state.seen and known.outcome != ItemOutcome.DELETED
+                ]
+                if not run.allow_deletions:
+                    check_deletions(source, len(missing), state.known.values())
+                for known in missing:
+                    self._keep(state, self._delete(state, known))
                 self._flush(state, run)
         except (OutageError, Stopped):
             self._flush(state, run)
@@ -411,6 +417,20 @@ def _connector_faults(what: str) -> Iterator[None]:
         raise RaglineError(
             f"the source's {what} failed unexpectedly ({type(error).__name__})", code=ErrorCode.INTERNAL
         ) from error
+
+
+def check_deletions(source: Source, missing: int, known: Iterable[ItemState]) -> None:
+    """Refuse a run that would delete more than the source's `max_deleted_share` of its documents
+    (and more than one): a listing that found little (a site mid-deploy, an unmounted folder, a
+    robots.txt typo) must not read as "everything is gone". Nothing is deleted then."""
+    live = sum(1 for item in known if item.outcome != ItemOutcome.DELETED)
+    if missing > 1 and missing > source.max_deleted_share * live:
+        raise RaglineError(
+            f"the run would delete {missing} of the source's {live} documents, more than its "
+            f"max_deleted_share ({source.max_deleted_share:g}) allows; nothing was deleted. If they "
+            "are gone for good, sync again with allow_deletions",
+            code=ErrorCode.CONFLICT,
+        )
 
 
 def _listed(entries: Iterator[Found | Gone]) -> Iterator[Found | Gone]:

@@ -59,9 +59,17 @@ def remove_source(
 
 
 @router.post("/{source_id}/sync", status_code=202, response_model=SyncRun)
-def sync_source(kb_id: str, source_id: str, state: State, who: Writer) -> SyncRun:
+def sync_source(
+    kb_id: str,
+    source_id: str,
+    state: State,
+    who: Writer,
+    allow_deletions: Annotated[
+        bool, Query(description="Delete past the source's max_deleted_share, this run only.")
+    ] = False,
+) -> SyncRun:
     """Start a run (or answer the one queued or running: one at a time); poll it at `.../runs/{run_id}`."""
-    return state.sources.sync(who.tenant, kb_id, source_id)
+    return state.sources.sync(who.tenant, kb_id, source_id, allow_deletions=allow_deletions)
 
 
 @router.get("/{source_id}/runs", response_model=RunList)

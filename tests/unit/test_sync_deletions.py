@@ -1,0 +1,44 @@
+"""The share of a source's documents one run may delete (workers/sources/sync.py)."""
+
+from __future__ import annotations
+
+import pytest
+
+from shared.errors import ErrorCode, RaglineError
+from shared.sources.models import ItemOutcome, ItemState, Source, SourceType
+from workers.sources.sync import check_deletions
+
+
+def _source(share: float) -> Source:
+    return Source(
+        tenant_id="t", kb_id="kb", source_id="s", type=SourceType.FOLDER, settings={}, max_deleted_share=share
+    )
+
+
+def _known(live: int, deleted: int = 0) -> list[ItemState]:
+    outcomes = [ItemOutcome.UNCHANGED] * live + [ItemOutcome.DELETED] * deleted
+    return [ItemState(key=f"k{i}", doc_id=f"d{i}", run_id="r", outcome=o) for i, o in enumerate(outcomes)]
+
+
+@pytest.mark.parametrize(
+    ("share", "missing", "live", "refused"),
+    [
+        (0.5, 1, 1, False),  # one document may always go: a one-page source's page removed
+        (0.5, 2, 2, True),
+        (0.5, 2, 4, False),  # half exactly
+        (0.5, 3, 4, True),
+        (0.5, 3, 100, False),
+        (1.0, 100, 100, False),  # the check off
+        (0.0, 2, 100, True),
+        (0.0, 1, 100, False),
+    ],
+)
+def test_a_run_may_delete_up_to_its_share(share: float, missing: int, live: int, refused: bool) -> None:
+    known = _known(live, deleted=5)  # items deleted by earlier runs do not count
+    if not refused:
+        check_deletions(_source(share), missing, known)
+        return
+    with pytest.raises(RaglineError) as caught:
+        check_deletions(_source(share), missing, known)
+    assert caught.value.code == ErrorCode.CONFLICT
+    assert f"would delete {missing} of the source's {live} documents" in caught.value.message
