@@ -23,6 +23,17 @@ from mcp.client.streamable_http import streamablehttp_client
 from mcp.types import CallToolResult, TextContent
 
 MAX_FILE_BYTES = 256 * 1024  # the test server's per-file limit
+# A streamable-HTTP session's first message, for tests that speak JSON-RPC by hand.
+MCP_INITIALIZE = {
+    "jsonrpc": "2.0",
+    "id": 1,
+    "method": "initialize",
+    "params": {
+        "protocolVersion": "2025-06-18",
+        "capabilities": {},
+        "clientInfo": {"name": "t", "version": "1"},
+    },
+}
 
 
 @dataclass(frozen=True)

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.e2e.helpers import Server
+from tests.e2e.helpers import MCP_INITIALIZE, Server
 
 pytestmark = pytest.mark.e2e
 
@@ -76,20 +76,7 @@ def test_mcp_answers_a_request_it_cannot_answer_with_invalid_request(
     # The SDK took the first four for notifications (202: the client waited for an answer that
     # never came) and answered the batch with a validation error that quoted the input back.
     with server.client("a_admin") as client:
-        opened = client.post(
-            "/mcp",
-            headers=MCP_HEADERS,
-            json={
-                "jsonrpc": "2.0",
-                "id": 1,
-                "method": "initialize",
-                "params": {
-                    "protocolVersion": "2025-06-18",
-                    "capabilities": {},
-                    "clientInfo": {"name": "t", "version": "1"},
-                },
-            },
-        )
+        opened = client.post("/mcp", headers=MCP_HEADERS, json=MCP_INITIALIZE)
         session = {"mcp-session-id": opened.headers["mcp-session-id"], **MCP_HEADERS}
         response = client.post("/mcp", content=body, headers=session)
         assert response.status_code == 400, response.text

@@ -27,6 +27,7 @@ from mcp.types import CallToolResult, Tool
 from services.api.app import create_app
 from shared.config import load_settings
 from tests.e2e.helpers import (
+    MCP_INITIALIZE,
     Server,
     call,
     error_text,
@@ -412,17 +413,7 @@ async def _raw(
 
 async def _raw_session(client: httpx.AsyncClient, identity: dict[str, str]) -> str:
     """An initialized streamable-HTTP session, by hand: its id."""
-    init = {
-        "jsonrpc": "2.0",
-        "id": 1,
-        "method": "initialize",
-        "params": {
-            "protocolVersion": "2025-06-18",
-            "capabilities": {},
-            "clientInfo": {"name": "t", "version": "1"},
-        },
-    }
-    response = await _raw(client, identity, init)
+    response = await _raw(client, identity, MCP_INITIALIZE)
     assert response.status_code == 200, response.text
     session = response.headers["mcp-session-id"]
     notified = await _raw(
