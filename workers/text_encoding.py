@@ -1,6 +1,8 @@
 """Bytes → text for every text kind, in the encoding the bytes are really in.
 
-The order: a byte order mark, which decides alone; then UTF-8, when the bytes are valid UTF-8 (text in another
+The order: a byte order mark, which decides alone; then ISO-2022 (Japanese mail and old Japanese
+and Korean documents), when 7-bit bytes hold its escape sequences and it reads them; then UTF-8,
+when the bytes are valid UTF-8 (text in another
 encoding is almost never valid UTF-8, while declarations copied from a template often lie);
 then what the markup declares, its XML declaration first, then a `<meta charset>`; then an
 encoding charset-normalizer finds, when it reads the bytes as another script than Latin
@@ -37,6 +39,11 @@ _XML_ENCODING = re.compile(rb"""^\s*<\?xml\s[^>]*?\bencoding\s*=\s*["']([A-Za-z0
 _META_CHARSET = re.compile(rb"""<meta\s[^>]*?\bcharset\s*=\s*["']?([A-Za-z0-9._:-]+)""", re.I)
 _XML_DECLARATION = re.compile(r"\A\s*<\?xml\s[^>]*\?>")
 _NON_ASCII = re.compile(rb"[\x80-\xff]")
+# The escape sequences that switch ISO-2022-JP (and -JP-2, -JP-3) to a double-byte set, and
+# ISO-2022-KR's header: ASCII text holds none of them.
+_ISO_2022_ESCAPES = re.compile(rb"\x1b(?:\$[@B]|\$\([CDOPQ]|\(I|\$\)C)")
+_ISO_2022_JP = ("iso2022_jp_2", "iso2022_jp_ext", "iso2022_jp_2004")
+_ISO_2022_KR_HEADER = b"\x1b$)C"  # ISO-2022-JP-2 also takes it, and reads the Korean as a mess
 DETECTOR_BYTES = 64 << 10
 DETECTOR_MIN_BYTES = 64
 # Scripts with legacy encodings of their own, by the first word of their letters' Unicode names.
@@ -113,6 +120,9 @@ def decode(data: bytes, *, markup: bool = False, final: bool = True) -> str:
         return (
             codecs.getincrementaldecoder(marked)("replace").decode(data, final=final).removeprefix("\ufeff")
         )
+    text = _iso_2022(data, final=final)
+    if text is not None:
+        return text
     text = _strict(data, "utf-8", final=final)
     if text is not None:
         return text
@@ -125,6 +135,20 @@ def decode(data: bytes, *, markup: bool = False, final: bool = True) -> str:
     if text is not None:
         return text
     return _strict(data, "cp1252", final=final) or data.decode("latin-1")
+
+
+def _iso_2022(data: bytes, *, final: bool) -> str | None:
+    """`data` read as ISO-2022, when its 7-bit bytes switch to a double-byte set and one of the
+    variants reads them whole; UTF-8 would read it too, escapes and all."""
+    head = data[:DETECTOR_BYTES]
+    if b"\x1b" not in head or _NON_ASCII.search(head) or not _ISO_2022_ESCAPES.search(head):
+        return None
+    korean = _ISO_2022_KR_HEADER in head
+    for encoding in ("iso2022_kr",) if korean else _ISO_2022_JP:
+        text = _strict(data, encoding, final=final)
+        if text is not None:
+            return text
+    return None
 
 
 def _sample(data: bytes) -> bytes:

@@ -175,6 +175,29 @@ def test_legacy_encodings_of_other_scripts_are_read_even_under_a_false_declarati
         assert words in texts, (meta, texts)
 
 
+@pytest.mark.parametrize(
+    ("encoding", "words"),
+    [
+        ("iso2022_jp", _JA),
+        ("iso2022_jp", "東京の会議です。"),
+        ("iso2022_jp_ext", "ｶﾀｶﾅの半角と全角カタカナ。"),
+        ("iso2022_jp_2", "서울 회의와 東京の会議。"),
+        ("iso2022_kr", _KO),
+    ],
+)
+def test_iso_2022_is_read_though_its_bytes_are_valid_utf8(tmp_path: Path, encoding: str, words: str) -> None:
+    """Its 7-bit bytes pass for UTF-8, escape sequences and all: Japanese mail read as `\x1b$B...`."""
+    data = f"Subject line\n{words}\nplain ASCII after it.\n".encode(encoding)
+    assert decode(data) == f"Subject line\n{words}\nplain ASCII after it.\n"
+    kind, texts = _parsed_text(tmp_path, f"{words}\n".encode(encoding), name="note.txt")
+    assert words in texts, (kind, texts)
+
+
+def test_ascii_with_a_stray_escape_stays_ascii() -> None:
+    data = b"Terminal colours: \x1b[31mred\x1b[0m and an escape \x1b$Z that switches nothing.\n"
+    assert decode(data) == data.decode()
+
+
 def test_western_text_stays_windows_1252_whatever_the_detector_guesses() -> None:
     """charset-normalizer reads this French as windows-1257; only other scripts take its word."""
     french = "Le café est très fort, n'est-ce pas? Où est la bibliothèque? « Déjà vu » — à bientôt."
