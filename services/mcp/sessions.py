@@ -61,6 +61,7 @@ MAX_NUMBER_DIGITS = 4300
 # of long runs held the event loop for seconds.
 _LONG_NUMBER = re.compile(rf"(?<!\d)\d{{{MAX_NUMBER_DIGITS + 1}}}")
 _BRACKET = re.compile(r"[\[\]{}]")
+REQUEST_CHECK_BYTES = 1 << 20
 
 
 def unparseable(body: bytes) -> str | None:
@@ -91,14 +92,20 @@ def invalid_request(body: bytes) -> str | None:
     The SDK took a request whose id is null, an object or a fraction for a notification (202, and
     the client waited for an answer that never came), and answered a batch (which MCP no longer
     has) with a validation error quoting the whole input. Called once `unparseable` passed: the
-    body parses within Python's limits.
+    body parses within Python's limits. A body over `REQUEST_CHECK_BYTES` is an ingest's content
+    and not parsed here: on the event loop, a second parse of 100 MB held every request for most
+    of a second.
     """
+    if len(body) > REQUEST_CHECK_BYTES:
+        return None
     try:
         message = json.loads(body)
     except ValueError:
         return None  # the SDK answers its own parse error
     if isinstance(message, list):
         return "batches are not supported; send one message a request"
+    # JSON-RPC lets a client's error answer carry a null id; the SDK takes none (it answered 400
+    # with a validation error quoting the input), so this says why instead.
     if isinstance(message, dict) and "id" in message:
         request_id = message["id"]
         if isinstance(request_id, bool) or not isinstance(request_id, str | int):

@@ -143,10 +143,11 @@ class _SourceSpec(BaseModel):
         0.5,
         ge=0.0,
         le=1.0,
+        strict=True,  # a JSON `true` read as 1.0 would turn the check off
         description="A run that would delete more than this share of the source's documents (and more "
         "than one) fails with CONFLICT and deletes nothing: a site mid-deploy, an unmounted folder or a "
-        "robots.txt typo lists little. 1 turns the check off; a sync with allow_deletions lets one run "
-        "through.",
+        "robots.txt typo lists little. Later runs are held too, until one deletes at most one document "
+        "or a sync with allow_deletions lets one run through. 1 turns the check off.",
     )
 
 
@@ -239,6 +240,8 @@ class Source(BaseModel):
     schedule: Schedule | None = None
     doc_id_prefix: str = ""
     max_deleted_share: float = 0.5
+    # Set by a run refused for what it would delete: the next runs are refused too (see sync.py).
+    deletions_held: bool = False
     deleting: bool = False
     # What an incremental type carries from one run to the next (git: the commit last synced).
     cursor: dict[str, Any] = Field(default_factory=dict)

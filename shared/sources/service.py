@@ -57,6 +57,7 @@ class SourceView(BaseModel):
     schedule: dict[str, Any] | None
     doc_id_prefix: str
     max_deleted_share: float
+    deletions_held: bool
     deleting: bool
     last_run: SyncRun | None
     active_run: SyncRun | None
@@ -76,6 +77,7 @@ def view(source: Source, active: SyncRun | None) -> SourceView:
         schedule=source.schedule.model_dump() if source.schedule else None,
         doc_id_prefix=source.doc_id_prefix,
         max_deleted_share=source.max_deleted_share,
+        deletions_held=source.deletions_held,
         deleting=source.deleting,
         last_run=source.last_run,
         active_run=active,
@@ -157,7 +159,7 @@ class Sources:
             active = self.store.active_run(source.tenant_id, source.kb_id, source.source_id)
             if active is not None:
                 if trigger != "remove":
-                    return active
+                    return self._joined(active, allow_deletions)
                 self.cancel(active)
             run = SyncRun(
                 run_id=run_id or uuid.uuid4().hex,
@@ -172,6 +174,26 @@ class Sources:
             lock.release()
         self.broker.rpush(WAKE_KEY, run.run_id)
         return run
+
+    def _joined(self, active: SyncRun, allow_deletions: bool) -> SyncRun:
+        """The run under way, which a sync joins; one that asks to allow deletions gets them on a
+        run still queued, and is refused on one already listing without them."""
+        if not allow_deletions or active.allow_deletions:
+            return active
+
+        def allowed(current: SyncRun) -> SyncRun:
+            if current.status != RunStatus.QUEUED:
+                return current
+            return current.model_copy(update={"allow_deletions": True})
+
+        joined = self.store.update_run(active.run_id, allowed)
+        if not joined.allow_deletions:
+            raise RaglineError(
+                f"run {active.run_id} is under way without allow_deletions; sync again with it once "
+                "that run has ended",
+                code=ErrorCode.CONFLICT,
+            )
+        return joined
 
     def cancel(self, run: SyncRun) -> SyncRun:
         def cancelled(current: SyncRun) -> SyncRun:

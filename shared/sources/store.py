@@ -55,6 +55,7 @@ SOURCES_MAPPING: dict[str, Any] = {
         "schedule": {"type": "object", "enabled": False},
         "doc_id_prefix": _keyword(),
         "max_deleted_share": {"type": "float"},
+        "deletions_held": {"type": "boolean"},
         "deleting": {"type": "boolean"},
         "cursor": {"type": "object", "enabled": False},
         "last_run": {"type": "object", "enabled": False},

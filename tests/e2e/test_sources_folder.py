@@ -89,20 +89,29 @@ def test_a_folder_source_follows_its_folder(server: Server, folder: Path, kb: st
         runs = client.get(f"/v1/kbs/{kb}/sources/docs/runs").json()["runs"]
         assert [r["run_id"] for r in runs] == [third["run_id"], second["run_id"], first["run_id"]]
 
-        # The folder empty (a disk not mounted): the run would delete all three documents, so it
-        # fails and deletes nothing, until a run is allowed to.
+        # Another disk mounted in its place: the run would delete all three documents, so it
+        # fails and deletes nothing, though it ingests what it found; and the next run, whose
+        # share (3 of 6) would pass, is held too, until a run is allowed to delete.
         for path in (folder / "guide" / "install.md", folder / "guide" / "usage.md", folder / "faq.md"):
             path.unlink()
-        emptied = sync(client, kb, "docs")
-        assert (emptied["status"], emptied["error"]["code"]) == ("failed", "CONFLICT"), emptied
-        assert "would delete 3 of the source's 3 documents" in emptied["error"]["message"]
-        assert set(documents(client, kb)) == {"guide/install.md", "guide/usage.md", "faq.md"}
+        for name in ("x.txt", "y.txt", "z.txt"):
+            _write(folder / "other" / name, f"Another disk's file {name}.")
+        swapped = sync(client, kb, "docs")
+        assert (swapped["status"], swapped["error"]["code"]) == ("failed", "CONFLICT"), swapped
+        assert "would delete 3 of the source's 3 documents" in swapped["error"]["message"]
+        assert counts(swapped) == {"created": 3}, swapped
+        again = sync(client, kb, "docs")
+        assert (again["status"], again["error"]["code"]) == ("failed", "CONFLICT"), again
+        assert "held" in again["error"]["message"]
+        assert client.get(f"/v1/kbs/{kb}/sources/docs").json()["deletions_held"] is True
+        assert len(documents(client, kb)) == 6
         allowed = client.post(f"/v1/kbs/{kb}/sources/docs/sync", params={"allow_deletions": "true"})
         assert allowed.status_code == 202, allowed.text
         assert allowed.json()["allow_deletions"] is True
         cleared = wait_run(client, kb, "docs", allowed.json()["run_id"])
-        assert counts(cleared) == {"deleted": 3}, cleared
-        assert documents(client, kb) == {}
+        assert counts(cleared) == {"deleted": 3, "unchanged": 3}, cleared
+        assert set(documents(client, kb)) == {"other/x.txt", "other/y.txt", "other/z.txt"}
+        assert client.get(f"/v1/kbs/{kb}/sources/docs").json()["deletions_held"] is False
 
 
 def test_an_upload_and_a_source_never_take_each_others_documents(

@@ -188,6 +188,18 @@ def test_a_repository_served_by_git_daemon_is_followed_commit_by_commit(
         assert "osprey" in str(_search(client, kb, "installer osprey")["text"])
         assert "herrings" in str(_search(client, kb, "pelican herrings")["text"])
 
+        # A commit that removes two of the three files: the diff's deletions are held like a
+        # listing's that finds too little, and nothing is deleted until a run is allowed to.
+        repo.commit({"guide/install.md": None, "notes.txt": None}, "emptied")
+        five = sync(client, kb, "docs")
+        assert (five["status"], five["error"]["code"]) == ("failed", "CONFLICT"), five
+        assert set(documents(client, kb)) == {"guide/install.md", "guide/usage.md", "notes.txt"}
+        allowed = client.post(f"/v1/kbs/{kb}/sources/docs/sync", params={"allow_deletions": "true"})
+        six = wait_run(client, kb, "docs", allowed.json()["run_id"])
+        assert counts(six) == {"deleted": 2, "unchanged": 1}, six
+        assert six["listed"] == 1
+        assert set(documents(client, kb)) == {"guide/usage.md"}
+
 
 def test_smart_http_and_failures_that_delete_nothing(
     sources_stack: OwnStack, http: SmartHttp, served: Path, kb: str, tmp_path: Path

@@ -3,15 +3,22 @@
 from __future__ import annotations
 
 import pytest
+from pydantic import TypeAdapter, ValidationError
 
 from shared.errors import ErrorCode, RaglineError
-from shared.sources.models import ItemOutcome, ItemState, Source, SourceType
+from shared.sources.models import ItemOutcome, ItemState, Source, SourceSpec, SourceType
 from workers.sources.sync import check_deletions
 
 
-def _source(share: float) -> Source:
+def _source(share: float, held: bool = False) -> Source:
     return Source(
-        tenant_id="t", kb_id="kb", source_id="s", type=SourceType.FOLDER, settings={}, max_deleted_share=share
+        tenant_id="t",
+        kb_id="kb",
+        source_id="s",
+        type=SourceType.FOLDER,
+        settings={},
+        max_deleted_share=share,
+        deletions_held=held,
     )
 
 
@@ -42,3 +49,20 @@ def test_a_run_may_delete_up_to_its_share(share: float, missing: int, live: int,
         check_deletions(_source(share), missing, known)
     assert caught.value.code == ErrorCode.CONFLICT
     assert f"would delete {missing} of the source's {live} documents" in caught.value.message
+
+
+def test_once_refused_a_source_holds_its_deletions_whatever_the_share() -> None:
+    # The refused run ingested what it found: the next run's share of 10 in 20 would pass.
+    known = _known(20)
+    check_deletions(_source(0.5), 10, known)
+    with pytest.raises(RaglineError, match="held since a run"):
+        check_deletions(_source(0.5, held=True), 10, known)
+    check_deletions(_source(0.5, held=True), 1, known)  # the source whole again: let go
+
+
+@pytest.mark.parametrize("value", [True, "0.3", None, -0.1, 1.5])
+def test_the_share_is_a_number_from_0_to_1(value: object) -> None:
+    spec = {"type": "folder", "settings": {"path": "/srv/x"}, "max_deleted_share": value}
+    with pytest.raises(ValidationError):
+        TypeAdapter(SourceSpec).validate_python(spec)
+    assert TypeAdapter(SourceSpec).validate_python({**spec, "max_deleted_share": 1}).max_deleted_share == 1.0

@@ -5,8 +5,9 @@ goes), so a run that another worker resumes after a crash skips what was already
 counts a run reports are those records counted, never a tally that a crash could double.
 
 Nothing is deleted until the listing has ended without error: a listing cut short (an unreachable
-bucket, a site that went down) must not read as "everything is gone". An item that could not be
-read keeps its document as it was.
+bucket, a site that went down) must not read as "everything is gone". Nor when it would delete
+more than the source's `max_deleted_share` (`check_deletions`). An item that could not be read
+keeps its document as it was.
 """
 
 from __future__ import annotations
@@ -56,6 +57,7 @@ class _Pass:
     known: Mapping[str, ItemState]
     present: Mapping[str, DocStatus]
     seen: set[str] = field(default_factory=set)
+    gone: set[str] = field(default_factory=set)  # what an incremental listing said is gone
     # The key each document id was taken for in this pass: two keys may name one document (a page
     # linked as "a/" and as "a/index.html", files "a b.txt" and "a-b.txt"), and the first keeps it.
     claimed: dict[str, str] = field(default_factory=dict)
@@ -141,25 +143,31 @@ class SyncEngine:
                         f"the source lists more than {self.max_items} items (RAGLINE_SOURCES__MAX_ITEMS)",
                         code=ErrorCode.TOO_LARGE,
                     )
-                outcome = self._gone(state, entry) if isinstance(entry, Gone) else self._take(state, entry)
-                if outcome is not None:
+                if isinstance(entry, Gone):
+                    state.gone.add(entry.key)
+                elif (outcome := self._take(state, entry)) is not None:
                     self._keep(state, outcome)
             self._flush(state, run)
-            if not connector.incremental:
-                self._check(run, may_go_on)
-                missing = [
-                    known
-                    for key, known in state.known.items()
-                    if key not in state.seen and known.outcome != ItemOutcome.DELETED
-                ]
-                if not run.allow_deletions:
-                    check_deletions(source, len(missing), state.known.values())
-                for known in missing:
-                    self._keep(state, self._delete(state, known))
-                self._flush(state, run)
+            self._check(run, may_go_on)
+            # What an incremental listing says is gone, or a whole listing did not find.
+            missing = [
+                known
+                for key, known in state.known.items()
+                if key not in state.seen
+                and (key in state.gone or not connector.incremental)
+                and known.outcome != ItemOutcome.DELETED
+            ]
+            if not run.allow_deletions:
+                check_deletions(source, len(missing), state.known.values())
+            for known in missing:
+                self._keep(state, self._delete(state, known))
+            self._flush(state, run)
         except (OutageError, Stopped):
             self._flush(state, run)
             raise
+        except DeletionsHeld as held:
+            self._flush(state, run)
+            return self._end(source, run, RunStatus.FAILED, error=held, listed=len(state.seen), held=True)
         except RaglineError as error:  # the listing itself failed: delete nothing
             self._flush(state, run)
             return self._end(source, run, RunStatus.FAILED, error=error, listed=len(state.seen))
@@ -168,7 +176,7 @@ class SyncEngine:
             untouched = sum(
                 1
                 for key, known in state.known.items()
-                if key not in state.seen and known.outcome != ItemOutcome.DELETED
+                if key not in state.seen and key not in state.gone and known.outcome != ItemOutcome.DELETED
             )
         return self._end(
             source,
@@ -177,6 +185,7 @@ class SyncEngine:
             listed=len(state.seen) + untouched,
             untouched=untouched,
             cursor=connector.cursor(),
+            held=False,
         )
 
     def _take(self, state: _Pass, entry: Found) -> ItemState | None:
@@ -259,13 +268,6 @@ class SyncEngine:
                 if current is not None and current.doc.batch_id == state.run_id and current.doc.outcome:
                     return current.doc.outcome
             return result.outcome
-
-    def _gone(self, state: _Pass, entry: Gone) -> ItemState | None:
-        state.seen.add(entry.key)
-        known = state.known.get(entry.key)
-        if known is None or known.outcome == ItemOutcome.DELETED:
-            return None
-        return self._delete(state, known)
 
     def _delete(self, state: _Pass, known: ItemState) -> ItemState:
         source = state.source
@@ -352,7 +354,10 @@ class SyncEngine:
         untouched: int = 0,
         cursor: dict[str, object] | None = None,
         keep_source: bool = True,
+        held: bool | None = None,
     ) -> SyncRun:
+        """End the run; `held`: whether the source's deletions are held from now on (None: as
+        they were)."""
         scope = (source.tenant_id, source.kb_id, source.source_id)
         counts = self.store.run_outcomes(*scope, run.run_id)
         counts[ItemOutcome.UNCHANGED.value] += untouched
@@ -383,6 +388,8 @@ class SyncEngine:
                 update: dict[str, object] = {"last_run": ended}
                 if cursor is not None and status == RunStatus.SUCCEEDED:
                     update["cursor"] = cursor
+                if held is not None:
+                    update["deletions_held"] = held
                 if current.schedule is not None:
                     update["next_run_at"] = finished + _interval(current)
                 return current.model_copy(update=update)
@@ -419,17 +426,33 @@ def _connector_faults(what: str) -> Iterator[None]:
         ) from error
 
 
+class DeletionsHeld(RaglineError):
+    code = ErrorCode.CONFLICT
+
+
 def check_deletions(source: Source, missing: int, known: Iterable[ItemState]) -> None:
     """Refuse a run that would delete more than the source's `max_deleted_share` of its documents
     (and more than one): a listing that found little (a site mid-deploy, an unmounted folder, a
-    robots.txt typo) must not read as "everything is gone". Nothing is deleted then."""
+    robots.txt typo) must not read as "everything is gone". Nothing is deleted then.
+
+    Once refused, the source's deletions stay held: what the refused run ingested counts among
+    its documents, so the next run's share would pass. They are let go by a run that deletes at
+    most one document (the source is whole again) or one allowed to delete.
+    """
     live = sum(1 for item in known if item.outcome != ItemOutcome.DELETED)
-    if missing > 1 and missing > source.max_deleted_share * live:
-        raise RaglineError(
+    if missing <= 1:
+        return
+    if source.deletions_held:
+        raise DeletionsHeld(
+            f"the run would delete {missing} of the source's {live} documents, and its deletions are "
+            "held since a run would have deleted more than its max_deleted_share; nothing was "
+            "deleted. If they are gone for good, sync again with allow_deletions"
+        )
+    if missing > source.max_deleted_share * live:
+        raise DeletionsHeld(
             f"the run would delete {missing} of the source's {live} documents, more than its "
             f"max_deleted_share ({source.max_deleted_share:g}) allows; nothing was deleted. If they "
-            "are gone for good, sync again with allow_deletions",
-            code=ErrorCode.CONFLICT,
+            "are gone for good, sync again with allow_deletions"
         )
 
 
