@@ -40,14 +40,27 @@ def pin_pool_process() -> int | None:
     return core
 
 
+_PF_KTHREAD = 0x00200000  # include/linux/sched.h
+
+
 def pinned_processes() -> Counter[int]:
-    """How many processes of the machine are pinned to each single core."""
+    """How many processes of the machine are pinned to each single core. Kernel threads are left
+    out: each core has its own, their number comes and goes, and one more on a core made both pool
+    processes of a worker take the other (a bench run's pipeline went at half its speed)."""
     counts: Counter[int] = Counter()
     for name in os.listdir("/proc"):
         if not name.isdigit():
             continue
-        with contextlib.suppress(OSError, ValueError):
+        with contextlib.suppress(OSError, ValueError, IndexError):
             allowed = os.sched_getaffinity(int(name))
-            if len(allowed) == 1:
+            if len(allowed) == 1 and not is_kernel_thread(int(name)):
                 counts[next(iter(allowed))] += 1
     return counts
+
+
+def is_kernel_thread(pid: int) -> bool:
+    """Whether `pid` is a kernel thread (its flags in /proc/PID/stat; the name may hold spaces
+    and parentheses, so the fields are counted from its closing one)."""
+    stat = Path(f"/proc/{pid}/stat").read_text()
+    flags = int(stat[stat.rindex(")") + 2 :].split()[6])
+    return bool(flags & _PF_KTHREAD)

@@ -6,7 +6,7 @@ import os
 import threading
 from collections.abc import Callable
 
-from workers.cpu_affinity import pin_pool_process, pinned_processes
+from workers.cpu_affinity import is_kernel_thread, pin_pool_process, pinned_processes
 
 
 def _in_child(pin: Callable[[], object]) -> tuple[int, str]:
@@ -52,3 +52,22 @@ def test_a_pool_process_takes_the_least_taken_core_and_its_threads_follow() -> N
             os.kill(pid, 9)
             os.waitpid(pid, 0)
     assert os.sched_getaffinity(0) == set(cores)  # the caller itself is left as it was
+
+
+def test_kernel_threads_are_not_counted() -> None:
+    """Each core has kernel threads of its own, in numbers that come and go: one more on the first
+    core made both pool processes of one worker take the second."""
+    kernel, user = 0, 0  # pinned to one core each
+    for name in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            if len(os.sched_getaffinity(int(name))) == 1:
+                if is_kernel_thread(int(name)):
+                    kernel += 1
+                else:
+                    user += 1
+        except OSError:
+            continue
+    # Where kernel threads are seen (not from inside a PID namespace), they outnumber the rest.
+    print(f"pinned: {kernel} kernel threads, {user} processes")
+    assert abs(sum(pinned_processes().values()) - user) <= 2  # processes that came or went meanwhile
+    assert not is_kernel_thread(os.getpid())
