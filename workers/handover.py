@@ -194,6 +194,6 @@ def hand_over(
     if moved.chains:
         return ClaimedStage(next_ref, written, result.artifact, tracing.carrier())
     if next_ref.stage in BATCHED_STAGES:
-        peers.announce(ctx.redis, next_ref)
+        peers.announce(ctx.redis, next_ref, doc.chunk_count)
     send(ctx, next_ref, doc.queue)
     return None

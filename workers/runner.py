@@ -107,8 +107,19 @@ def _run_task(ctx: WorkerContext, ref: StageRef, stages: Stages, retries_done: i
     traces: dict[StageRef, dict[str, str]] = {}
     # A retried document runs alone: its batch may have failed for another document's sake.
     if ref.stage in stages.batches and retries_done == 0:
-        waiting = peers.claim_waiting(ctx.redis, ref, lambda peer: _claim(ctx, peer), traces)
+        own_chunks = claimed.doc.chunk_count
+        waiting = peers.claim_waiting(ctx.redis, ref, own_chunks, lambda peer: _claim(ctx, peer), traces)
         items += [ClaimedStage(peer_ref, peer) for peer_ref, peer in waiting]
+        if waiting:
+            log.info(
+                "%s for %s/%s takes %d waiting documents along (%d chunks with its own %d)",
+                ref.stage,
+                ref.kb_id,
+                ref.doc_id,
+                len(waiting),
+                own_chunks + sum(peer.doc.chunk_count for _, peer in waiting),
+                own_chunks,
+            )
     chain_until = time.monotonic() + ctx.settings.celery.soft_time_limit_s / 2
     pending = deque(_run_claimed(ctx, items, stages, retries_done, traces, chain_until))
     while pending:

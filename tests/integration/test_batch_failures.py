@@ -1,10 +1,12 @@
 """A batch that fails as a whole fails none of its documents for another's sake: one tenant's
 document that takes its batch past the time limit would otherwise fail every other tenant's
-document batched with it, for good. The stage here is parse made a batched one, so the batch is
-whatever the test announces; the records and the broker are the real ones."""
+document batched with it, for good. Nor does a document of many chunks take others along, to wait
+for all of them. The stage here is parse made a batched one, so the batch is whatever the test
+announces; the records and the broker are the real ones."""
 
 from __future__ import annotations
 
+import json
 from dataclasses import replace
 from typing import Any
 
@@ -27,7 +29,9 @@ from workers.stages.base import StageResult, Stages
 pytestmark = pytest.mark.integration
 
 
-def _waiting(registry: Registry, settings: Settings, kb: KnowledgeBase, name: str) -> StageRef:
+def _waiting(
+    registry: Registry, settings: Settings, kb: KnowledgeBase, name: str, chunk_count: int = 0
+) -> StageRef:
     """A queued document with no task anywhere: only this test's run_stage moves it."""
     orphan(
         registry,
@@ -36,6 +40,7 @@ def _waiting(registry: Registry, settings: Settings, kb: KnowledgeBase, name: st
         name,
         f"{name}: the harbour log.\n".encode(),
         lease_until=utcnow() + QUEUE_LEASE,
+        chunk_count=chunk_count,
     )
     version = registry.require_doc(kb.tenant_id, kb.kb_id, name).doc.content_version
     return StageRef(kb.tenant_id, kb.kb_id, name, version, Stage.PARSE)
@@ -57,7 +62,7 @@ def test_a_batch_out_of_time_fails_none_of_its_documents_and_each_runs_again_alo
     alice, bob = new_kb(registry, pii_policy="off"), new_kb(registry, pii_policy="off")
     note = _waiting(registry, settings, alice, "alice-note.txt")
     huge = _waiting(registry, settings, bob, "bob-huge.txt")
-    peers.announce(services.redis, huge)
+    peers.announce(services.redis, huge, 1)
     batches: list[list[str]] = []
     with pytest.raises(Retry) as retry:
         run_stage(services, note, _stages(batches, culprit="bob-huge.txt"), 0)
@@ -86,7 +91,7 @@ def test_a_retried_document_runs_alone_and_its_own_failure_is_its_own(
     alice, bob = new_kb(registry, pii_policy="off"), new_kb(registry, pii_policy="off")
     huge = _waiting(registry, settings, bob, "bob-huge.txt")
     note = _waiting(registry, settings, alice, "alice-note.txt")
-    peers.announce(services.redis, note)
+    peers.announce(services.redis, note, 1)
     batches: list[list[str]] = []
     try:
         run_stage(services, huge, _stages(batches, culprit="bob-huge.txt"), 1)
@@ -99,6 +104,45 @@ def test_a_retried_document_runs_alone_and_its_own_failure_is_its_own(
             registry.require_doc(alice.tenant_id, alice.kb_id, "alice-note.txt").doc.status
             == DocStatus.QUEUED
         )
+    finally:
+        services.redis.delete(peers.waiting_key(Stage.PARSE))
+
+
+def _announced(services: Services) -> set[str]:
+    return {json.loads(raw)["doc_id"] for raw in services.redis.smembers(peers.waiting_key(Stage.PARSE))}
+
+
+def test_a_document_of_many_chunks_takes_no_other_tenants_documents_along(
+    registry: Registry, settings: Settings, services: Services
+) -> None:
+    alice, bob = new_kb(registry, pii_policy="off"), new_kb(registry, pii_policy="off")
+    huge = _waiting(registry, settings, bob, "bob-huge.txt", chunk_count=peers.PEER_CHUNKS)
+    note = _waiting(registry, settings, alice, "alice-note.txt")
+    peers.announce(services.redis, note, 1)
+    batches: list[list[str]] = []
+    try:
+        run_stage(services, huge, _stages(batches, culprit=""), 0)
+        assert batches == [["bob-huge.txt"]]
+        assert _announced(services) == {"alice-note.txt"}  # left for its own task or another's
+        assert registry.require_doc(alice.tenant_id, alice.kb_id, "alice-note.txt").doc.claimed_by is None
+    finally:
+        services.redis.delete(peers.waiting_key(Stage.PARSE))
+
+
+def test_a_batch_takes_waiting_documents_along_up_to_its_bound_in_chunks(
+    registry: Registry, settings: Settings, services: Services
+) -> None:
+    alice, bob, carol = (new_kb(registry, pii_policy="off") for _ in range(3))
+    note = _waiting(registry, settings, alice, "alice-note.txt", chunk_count=2)
+    big = _waiting(registry, settings, bob, "bob-big.txt")
+    small = _waiting(registry, settings, carol, "carol-small.txt")
+    peers.announce(services.redis, big, peers.PEER_CHUNKS - 1)  # one chunk too many with the note's
+    peers.announce(services.redis, small, 3)
+    batches: list[list[str]] = []
+    try:
+        run_stage(services, note, _stages(batches, culprit=""), 0)
+        assert batches == [["alice-note.txt", "carol-small.txt"]]
+        assert _announced(services) == {"bob-big.txt"}
     finally:
         services.redis.delete(peers.waiting_key(Stage.PARSE))
 
