@@ -59,7 +59,8 @@ The scripts of `deploy/local/` (not the services) also read `RAGLINE_OPENSEARCH_
 `RAGLINE_OPENSEARCH_JVM_OPTS` (further JVM options, none), `RAGLINE_OPENSEARCH_NODES` (1),
 `RAGLINE_WORKERS` (one `worker`), `RAGLINE_REDIS_PORT` (6379), `RAGLINE_S3_PORT` (9100, the S3
 server), `RAGLINE_API__PORT` (8000),
-`RAGLINE_CACHE_DIR` (`~/.cache/ragline`) and `RAGLINE_VENV` (`.venv`); see
+`RAGLINE_CACHE_DIR` (`~/.cache/ragline`) and `RAGLINE_VENV` (`.venv`; another checkout's
+serves for its packages, and the services still run this checkout's code); see
 [operations](operations.md#a-local-cluster-and-specialised-workers).
 
 A stack on other ports (a second one beside the first, a port already taken): set the ports

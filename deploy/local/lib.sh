@@ -19,6 +19,10 @@ if [ -n "${RAGLINE_REDIS_PORT:-}" ]; then
   export RAGLINE_REDIS__URL=${RAGLINE_REDIS__URL:-redis://127.0.0.1:$RAGLINE_REDIS_PORT/0}
 fi
 
+# The services run this checkout's code, whichever virtual environment holds the packages: a
+# RAGLINE_VENV made by another checkout has that checkout's editable install, which would win.
+export PYTHONPATH=$REPO_ROOT${PYTHONPATH:+:$PYTHONPATH}
+
 say() { printf '%s\n' "$*"; }
 die() { printf 'error: %s\n' "$*" >&2; exit 1; }
 # The Python services run from $VENV: the checkout's .venv, or RAGLINE_VENV where another holds them.
