@@ -86,27 +86,43 @@ def unparseable(body: bytes) -> str | None:
     return None
 
 
-def invalid_request(body: bytes) -> str | None:
-    """Why a parseable body is no JSON-RPC message the SDK would answer, or None.
+def rejection(body: bytes) -> tuple[int, str] | None:
+    """The JSON-RPC error (code, message) a POSTed body gets before the SDK sees it, or None.
 
-    The SDK took a request whose id is null, an object or a fraction for a notification (202, and
-    the client waited for an answer that never came), and answered a batch (which MCP no longer
-    has) with a validation error quoting the whole input. Called once `unparseable` passed: the
-    body parses within Python's limits. A body over `REQUEST_CHECK_BYTES` is an ingest's content
-    and not parsed here: on the event loop, a second parse of 100 MB held every request for most
-    of a second.
+    A body the SDK's parser would crash on gets a parse error (see `unparseable`). A body up to
+    `REQUEST_CHECK_BYTES` is parsed here once: malformed JSON gets the parse error with a null id
+    (the SDK's carried the id "server-error"), and a message the SDK cannot answer gets Invalid
+    Request (see `invalid_request`). A larger body is an ingest's content and left to the SDK:
+    on the event loop, a second parse of 100 MB held every request for most of a second.
     """
+    if (reason := unparseable(body)) is not None:
+        return PARSE_ERROR, f"Parse error: {reason}"
     if len(body) > REQUEST_CHECK_BYTES:
         return None
     try:
         message = json.loads(body)
-    except ValueError:
-        return None  # the SDK answers its own parse error
+    except ValueError as error:
+        return PARSE_ERROR, f"Parse error: {error}"
+    if (reason := invalid_request(message)) is not None:
+        return INVALID_REQUEST, f"Invalid Request: {reason}"
+    return None
+
+
+def invalid_request(message: object) -> str | None:
+    """Why a parsed body is no JSON-RPC message the SDK would answer, or None.
+
+    The SDK took a request whose id is null, an object or a fraction for a notification (202, and
+    the client waited for an answer that never came), answered a batch (which MCP no longer has)
+    with a validation error quoting the whole input, and a body that is no object (a string, a
+    number) with pydantic's whole error text.
+    """
     if isinstance(message, list):
         return "batches are not supported; send one message a request"
+    if not isinstance(message, dict):
+        return "a message is a JSON object"
     # JSON-RPC lets a client's error answer carry a null id; the SDK takes none (it answered 400
     # with a validation error quoting the input), so this says why instead.
-    if isinstance(message, dict) and "id" in message:
+    if "id" in message:
         request_id = message["id"]
         if isinstance(request_id, bool) or not isinstance(request_id, str | int):
             return "the id must be a string or an integer"
@@ -123,7 +139,7 @@ class EnvelopeBodyLimit(RequestBodyLimitMiddleware):
     """The SDK's body limit (the body is read whole before the app), answering TOO_LARGE as JSON.
 
     The SDK answers a plain-text 413; every other Ragline error is `{code, message, details}`.
-    A body the SDK's parser would crash on gets the JSON-RPC parse error (see `unparseable`).
+    A body that is no JSON-RPC message the SDK would answer gets a JSON-RPC error (see `rejection`).
     """
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
@@ -163,14 +179,9 @@ class EnvelopeBodyLimit(RequestBodyLimitMiddleware):
             if not message.get("more_body", False):
                 pending.appendleft({"type": "http.request", "body": bytes(body), "more_body": False})
                 break
-        if scope["method"] == "POST":
-            data = bytes(body)
-            if (reason := unparseable(data)) is not None:
-                await jsonrpc_error(PARSE_ERROR, f"Parse error: {reason}")(scope, receive, send)
-                return
-            if (reason := invalid_request(data)) is not None:
-                await jsonrpc_error(INVALID_REQUEST, f"Invalid Request: {reason}")(scope, receive, send)
-                return
+        if scope["method"] == "POST" and (refused := rejection(bytes(body))) is not None:
+            await jsonrpc_error(*refused)(scope, receive, send)
+            return
 
         async def replay() -> Message:
             return pending.popleft() if pending else await receive()

@@ -41,8 +41,10 @@ def test_a_method_the_path_does_not_take_is_a_405_with_allow(server: Server) -> 
         # Python reads no integer of over 4,300 digits: the SDK answered 500 and logged a traceback.
         b'{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":"search","arguments":'
         b'{"query":"x","top_k":' + b"7" * 5000 + b"}}}",
+        # Broken JSON: the SDK's own answer carried the id "server-error", where JSON-RPC says null.
+        b'{"jsonrpc":"2.0","id":1,"method":',
     ],
-    ids=["invalid-utf8", "nested-lists", "nested-objects", "long-integer"],
+    ids=["invalid-utf8", "nested-lists", "nested-objects", "long-integer", "broken-json"],
 )
 def test_mcp_answers_an_unparseable_body_with_a_parse_error(server: Server, body: bytes) -> None:
     log_before = server.log.stat().st_size
@@ -50,6 +52,7 @@ def test_mcp_answers_an_unparseable_body_with_a_parse_error(server: Server, body
         response = client.post("/mcp", content=body, headers=MCP_HEADERS)
         assert response.status_code == 400, response.text
         assert response.json()["error"]["code"] == -32700
+        assert response.json()["id"] is None
         assert client.get("/healthz").status_code == 200
     with server.log.open("rb") as log:
         log.seek(log_before)
@@ -67,8 +70,11 @@ def test_mcp_answers_an_unparseable_body_with_a_parse_error(server: Server, body
             b'[{"jsonrpc":"2.0","id":1,"method":"ping"}]',
             "batches are not supported; send one message a request",
         ),
+        # The SDK answered these with pydantic's whole error text and the id "server-error".
+        (b'"ping"', "a message is a JSON object"),
+        (b"42", "a message is a JSON object"),
     ],
-    ids=["null-id", "object-id", "fraction-id", "boolean-id", "batch"],
+    ids=["null-id", "object-id", "fraction-id", "boolean-id", "batch", "string", "number"],
 )
 def test_mcp_answers_a_request_it_cannot_answer_with_invalid_request(
     server: Server, body: bytes, reason: str

@@ -1,10 +1,12 @@
-"""What the MCP body check refuses before the SDK's parser, which would crash on it, and what it lets by."""
+"""What the MCP body check refuses before the SDK's parser, which would crash on it or answer it
+badly, and what it lets by."""
 
 from __future__ import annotations
 
 import pytest
+from mcp.types import INVALID_REQUEST, PARSE_ERROR
 
-from services.mcp.sessions import MAX_NUMBER_DIGITS, unparseable
+from services.mcp.sessions import MAX_NUMBER_DIGITS, REQUEST_CHECK_BYTES, rejection, unparseable
 
 
 def test_a_number_python_will_not_read_is_refused_but_digits_in_a_string_are_text() -> None:
@@ -23,3 +25,38 @@ def test_many_runs_just_under_the_bound_are_checked_in_one_pass() -> None:
     would take minutes. Each run is now tried once, where it starts."""
     body = ('{"a":[' + ",".join(["7" * MAX_NUMBER_DIGITS] * 2000) + "]}").encode()
     assert unparseable(body) is None
+
+
+@pytest.mark.parametrize(
+    ("body", "code"),
+    [
+        (b'{"jsonrpc":"2.0","id":1,', PARSE_ERROR),
+        (b"ping", PARSE_ERROR),
+        (b'"x"', INVALID_REQUEST),
+        (b"5", INVALID_REQUEST),
+        (b"null", INVALID_REQUEST),
+        (b'[{"jsonrpc":"2.0","id":1,"method":"ping"}]', INVALID_REQUEST),
+        (b'{"jsonrpc":"2.0","id":null,"method":"ping"}', INVALID_REQUEST),
+        (b'{"jsonrpc":"2.0","id":1,"method":"' + b"\xff" + b'"}', PARSE_ERROR),
+    ],
+)
+def test_a_body_the_sdk_would_answer_badly_gets_its_json_rpc_error(body: bytes, code: int) -> None:
+    refused = rejection(body)
+    assert refused is not None
+    assert refused[0] == code
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        b'{"jsonrpc":"2.0","id":1,"method":"ping"}',
+        b'{"jsonrpc":"2.0","id":"a","method":"ping"}',
+        b'{"jsonrpc":"2.0","method":"notifications/initialized"}',
+        b'\xef\xbb\xbf{"jsonrpc":"2.0","id":1,"method":"ping"}',
+        # An ingest's content: not parsed a second time on the event loop, whatever it holds.
+        b'{"jsonrpc":"2.0","id":1,' + b" " * REQUEST_CHECK_BYTES,
+    ],
+    ids=["integer-id", "string-id", "notification", "bom", "over-the-check"],
+)
+def test_a_message_the_sdk_answers_itself_is_let_by(body: bytes) -> None:
+    assert rejection(body) is None
