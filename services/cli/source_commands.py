@@ -146,6 +146,35 @@ def source_sync(
     _finish(run, as_json)
 
 
+@source_app.command("update")
+def source_update(
+    kb_id: str,
+    source_id: str,
+    name: Annotated[str | None, typer.Option(help="A new name.")] = None,
+    every: Annotated[int | None, typer.Option(help="Sync by itself every this many seconds (>= 60).")] = None,
+    no_schedule: Annotated[bool, typer.Option(help="Sync only when asked.")] = False,
+    max_deleted_share: Annotated[
+        float | None,
+        typer.Option(min=0.0, max=1.0, help="A run deleting more of its documents fails (1: never)."),
+    ] = None,
+    server: Server = None,
+    api_key: ApiKey = None,
+) -> None:
+    """Change a source's name, schedule or deletion guard; what it reads stays."""
+    if every is not None and no_schedule:
+        typer.echo("give --every or --no-schedule, not both", err=True)
+        raise typer.Exit(2)
+    body: dict[str, Any] = {}
+    if name is not None:
+        body["name"] = name
+    if every is not None or no_schedule:
+        body["schedule"] = {"interval_s": every} if every is not None else None
+    if max_deleted_share is not None:
+        body["max_deleted_share"] = max_deleted_share
+    path = api_path("kbs", kb_id, "sources", source_id)
+    _print(_call(_remote(server, api_key), "PATCH", path, json=body), True)
+
+
 @source_app.command("remove")
 def source_remove(
     kb_id: str,

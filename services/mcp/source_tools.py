@@ -1,4 +1,4 @@
-"""MCP tools for sources: what `POST/GET/DELETE /v1/kbs/{kb_id}/sources` and `.../sync` do, for agents.
+"""MCP tools for sources: what `POST/GET/PATCH/DELETE /v1/kbs/{kb_id}/sources` and `.../sync` do, for agents.
 
 `add_source` takes the same body as the REST route (one of the four types with its settings), and
 `sync_source` can wait for the run, reporting its progress as it lists the source.
@@ -17,12 +17,14 @@ from starlette.concurrency import run_in_threadpool
 
 from services.core.auth import Role
 from services.mcp.tools import DESTRUCTIVE, READ_ONLY, ToolContext, caller, services
-from shared.sources.models import SOURCE_ID_PATTERN, SourceSpec, SyncRun
+from shared.sources.models import SOURCE_ID_PATTERN, SourceChange, SourceSpec, SyncRun
 from shared.sources.service import SourceView
 
 # A source reaches outside Ragline (a bucket, a site, a repository); a sync writes and deletes documents.
 ADDS = ToolAnnotations(readOnlyHint=False, destructiveHint=False, idempotentHint=False, openWorldHint=True)
 SYNCS = ToolAnnotations(readOnlyHint=False, destructiveHint=True, idempotentHint=True, openWorldHint=True)
+# A change of schedule or deletion guard touches no document itself.
+UPDATES = ToolAnnotations(readOnlyHint=False, destructiveHint=False, idempotentHint=True, openWorldHint=False)
 _POLL_S = 1.0
 KbId = Annotated[str, Field(min_length=1, max_length=128)]
 SourceId = Annotated[str, Field(pattern=SOURCE_ID_PATTERN)]
@@ -82,6 +84,25 @@ async def sync_source(
     return run
 
 
+async def update_source(
+    ctx: ToolContext,
+    kb_id: KbId,
+    source_id: SourceId,
+    change: Annotated[
+        SourceChange,
+        Field(
+            description="The fields to change, the others left out: name, schedule ({interval_s: N}, or "
+            "null for runs only when asked), max_deleted_share."
+        ),
+    ],
+) -> SourceView:
+    """Change a source's name, schedule or max_deleted_share; what it reads stays as it was."""
+    principal = caller(ctx, Role.ADMIN)
+    return await run_in_threadpool(
+        services(ctx).state.sources.update, principal.tenant, kb_id, source_id, change
+    )
+
+
 async def remove_source(
     ctx: ToolContext,
     kb_id: KbId,
@@ -102,5 +123,6 @@ SOURCE_TOOLS = (
     (list_sources, READ_ONLY),
     (add_source, ADDS),
     (sync_source, SYNCS),
+    (update_source, UPDATES),
     (remove_source, DESTRUCTIVE),
 )

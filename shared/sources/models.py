@@ -126,6 +126,20 @@ class Schedule(_Settings):
     interval_s: int = Field(ge=60, le=30 * 86400, description="Seconds between runs.")
 
 
+DeletedShare = Annotated[
+    float,
+    Field(
+        ge=0.0,
+        le=1.0,
+        strict=True,  # a JSON `true` read as 1.0 would turn the check off
+        description="A run that would delete more than this share of the source's documents (and more "
+        "than one) fails with CONFLICT and deletes nothing: a site mid-deploy, an unmounted folder or a "
+        "robots.txt typo lists little. Later runs are held too, until one deletes at most one document "
+        "or a sync with allow_deletions lets one run through. 1 turns the check off.",
+    ),
+]
+
+
 class _SourceSpec(BaseModel):
     model_config = {"extra": "forbid"}
 
@@ -139,16 +153,7 @@ class _SourceSpec(BaseModel):
         description="Put before each item's id (e.g. 'wiki/'), so that two sources of one KB never "
         "name the same document.",
     )
-    max_deleted_share: float = Field(
-        0.5,
-        ge=0.0,
-        le=1.0,
-        strict=True,  # a JSON `true` read as 1.0 would turn the check off
-        description="A run that would delete more than this share of the source's documents (and more "
-        "than one) fails with CONFLICT and deletes nothing: a site mid-deploy, an unmounted folder or a "
-        "robots.txt typo lists little. Later runs are held too, until one deletes at most one document "
-        "or a sync with allow_deletions lets one run through. 1 turns the check off.",
-    )
+    max_deleted_share: DeletedShare = 0.5
 
 
 class FolderSpec(_SourceSpec):
@@ -172,6 +177,19 @@ class GitSpec(_SourceSpec):
 
 
 SourceSpec = Annotated[FolderSpec | S3Spec | WebSpec | GitSpec, Field(discriminator="type")]
+
+
+class SourceChange(BaseModel):
+    """What may change of a source once added: the fields given, the others as they were. What it
+    reads (its type and settings) stays: another place is another source."""
+
+    model_config = {"extra": "forbid"}
+
+    name: str | None = Field(None, max_length=200)
+    schedule: Schedule | None = Field(
+        None, description="Run by itself this often; null: only when asked. Omitted: unchanged."
+    )
+    max_deleted_share: DeletedShare | None = None
 
 
 class RunStatus(StrEnum):

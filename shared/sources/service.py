@@ -9,6 +9,7 @@ when they reach it. A sync or a removal is a run that the workers' runners carry
 from __future__ import annotations
 
 import uuid
+from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -25,7 +26,9 @@ from shared.sources.models import (
     GitSpec,
     RunStatus,
     S3Spec,
+    Schedule,
     Source,
+    SourceChange,
     SourceSpec,
     SourceType,
     SyncRun,
@@ -97,6 +100,17 @@ def stored_settings(spec: SourceSpec) -> dict[str, Any]:
     return settings
 
 
+def _next_run(source: Source, schedule: Schedule | None) -> datetime | None:
+    """When a source runs by itself under `schedule`: its interval after the last run ended, or now."""
+    if schedule is None:
+        return None
+    now = utcnow()
+    ended = source.last_run.finished_at if source.last_run is not None else None
+    if ended is None:
+        return now
+    return max(now, ended + timedelta(seconds=schedule.interval_s))
+
+
 class Sources:
     def __init__(
         self, settings: Settings, store: SourceStore, registry: Registry, broker: redis.Redis
@@ -135,6 +149,31 @@ class Sources:
     def get(self, tenant_id: str, kb_id: str, source_id: str) -> SourceView:
         source = self.store.get(tenant_id, kb_id, source_id)
         return view(source, self._active(source))
+
+    def update(self, tenant_id: str, kb_id: str, source_id: str, change: SourceChange) -> SourceView:
+        """Change a source's name, schedule or `max_deleted_share`; the fields `change` gives only.
+
+        A schedule given anew starts from the last run's end (now, if that is past or there was
+        none); null stops scheduled runs. Deletions held by a refused run stay held: a share
+        raised now applies to later runs, and `allow_deletions` lets them go.
+        """
+        given = change.model_fields_set
+
+        def changed(current: Source) -> Source:
+            if current.deleting:
+                raise RaglineError(f"source '{source_id}' is being removed", code=ErrorCode.CONFLICT)
+            update: dict[str, Any] = {}
+            if "name" in given and change.name is not None:
+                update["name"] = change.name
+            if "max_deleted_share" in given and change.max_deleted_share is not None:
+                update["max_deleted_share"] = change.max_deleted_share
+            if "schedule" in given:
+                update["schedule"] = change.schedule
+                update["next_run_at"] = _next_run(current, change.schedule)
+            return current.model_copy(update=update)
+
+        updated = self.store.update(tenant_id, kb_id, source_id, changed)
+        return view(updated, self._active(updated))
 
     def sync(self, tenant_id: str, kb_id: str, source_id: str, *, allow_deletions: bool = False) -> SyncRun:
         """Queue a run of the source, or answer the one already queued or running (one at a time).

@@ -35,6 +35,7 @@ COUNTERPARTS: dict[str, tuple[str, str]] = {
     "list_sources": ("GET", "/v1/kbs/{kb_id}/sources"),
     "add_source": ("POST", "/v1/kbs/{kb_id}/sources"),
     "sync_source": ("POST", "/v1/kbs/{kb_id}/sources/{source_id}/sync"),
+    "update_source": ("PATCH", "/v1/kbs/{kb_id}/sources/{source_id}"),
     "remove_source": ("DELETE", "/v1/kbs/{kb_id}/sources/{source_id}"),
 }
 
@@ -44,8 +45,9 @@ ONLY_MCP: dict[str, set[str]] = {
     "ingest": {"content_base64", "wait_seconds"},
     # Agents wait in the call and get progress; REST clients poll the run or the document.
     "sync_source": {"wait_seconds"},
-    # The REST body is the source itself; the tool names it as one argument.
+    # The REST body is the source itself, or its change; the tool names it as one argument.
     "add_source": {"source"},
+    "update_source": {"change"},
 }
 ONLY_REST: dict[str, set[str]] = {
     # Choosing a KB's embedding model is an operator's task, as moving it is (reembed, below).
@@ -54,6 +56,8 @@ ONLY_REST: dict[str, set[str]] = {
     "ingest": {"batch_id", "priority"},
     # The source's fields are the body: MCP `add_source` takes them as `source`.
     "add_source": {"type", "settings", "source_id", "name", "schedule", "doc_id_prefix", "max_deleted_share"},
+    # The change's fields are the body: MCP `update_source` takes them as `change`.
+    "update_source": {"name", "schedule", "max_deleted_share"},
 }
 
 # REST operations that are not tools, and why an agent does without them.

@@ -1,4 +1,4 @@
-"""Sources of a knowledge base: add, list, read, remove, sync, and their runs."""
+"""Sources of a knowledge base: add, list, read, change, remove, sync, and their runs."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from fastapi.responses import JSONResponse
 from pydantic import BaseModel
 
 from services.api.deps import Admin, Reader, State, Writer
-from shared.sources.models import SourceSpec, SyncRun
+from shared.sources.models import SourceChange, SourceSpec, SyncRun
 from shared.sources.service import SourceView
 
 router = APIRouter(prefix="/v1/kbs/{kb_id}/sources", tags=["sources"])
@@ -38,6 +38,15 @@ def list_sources(kb_id: str, state: State, who: Reader) -> SourceList:
 @router.get("/{source_id}", response_model=SourceView)
 def get_source(kb_id: str, source_id: str, state: State, who: Reader) -> SourceView:
     return state.sources.get(who.tenant, kb_id, source_id)
+
+
+@router.patch("/{source_id}", response_model=SourceView)
+def update_source(
+    kb_id: str, source_id: str, body: Annotated[SourceChange, Body()], state: State, who: Admin
+) -> SourceView:
+    """Change a source's name, schedule (null: only when asked) or max_deleted_share; fields left
+    out stay as they are. What it reads is fixed: another place is another source."""
+    return state.sources.update(who.tenant, kb_id, source_id, body)
 
 
 @router.delete("/{source_id}", status_code=202, response_model=None)
