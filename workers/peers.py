@@ -30,8 +30,6 @@ from shared.registry import Versioned
 
 PEER_DOCS = 31  # documents taken along by a batched stage, besides its own
 PEER_CHUNKS = 512  # chunks of a batch with peers, its own document's included
-
-
 CHUNKS = "chunk_count"  # the announcement's field beside the StageRef's and the trace's
 
 
