@@ -3,15 +3,27 @@ what a run left in the knowledge base."""
 
 from __future__ import annotations
 
+import secrets
 import time
+from collections.abc import Iterator
 from typing import Any
 
 import httpx
 import pytest
 
+from tests.e2e.helpers import Server
 from tests.integration.stack_control import kill_worker, stack
 
 ENDED = ("succeeded", "failed", "cancelled")
+
+
+def new_kb(server: Server, prefix: str) -> Iterator[str]:
+    """A fixture's body: a new knowledge base of tenant a, deleted afterwards."""
+    kb_id = f"{prefix}-{secrets.token_hex(4)}"
+    with server.client("a_admin") as client:
+        assert client.post("/v1/kbs", json={"kb_id": kb_id, "name": kb_id}).status_code == 201
+        yield kb_id
+        client.delete(f"/v1/kbs/{kb_id}")
 
 
 def add(client: httpx.Client, kb: str, body: dict[str, Any]) -> dict[str, Any]:

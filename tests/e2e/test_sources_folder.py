@@ -4,7 +4,6 @@ unchanged re-sync that does no work, and a run resumed after its worker was kill
 from __future__ import annotations
 
 import os
-import secrets
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -13,18 +12,14 @@ import pytest
 
 from shared.config import Settings
 from tests.e2e.helpers import Server
-from tests.e2e.sources import add, counts, documents, kill_worker_mid_run, sync, wait_run
+from tests.e2e.sources import add, counts, documents, kill_worker_mid_run, new_kb, sync, wait_run
 
 pytestmark = pytest.mark.e2e
 
 
 @pytest.fixture
 def kb(server: Server) -> Iterator[str]:
-    kb_id = f"src-{secrets.token_hex(4)}"
-    with server.client("a_admin") as client:
-        assert client.post("/v1/kbs", json={"kb_id": kb_id, "name": kb_id}).status_code == 201
-        yield kb_id
-        client.delete(f"/v1/kbs/{kb_id}")
+    yield from new_kb(server, "src")
 
 
 def _write(path: Path, text: str) -> None:

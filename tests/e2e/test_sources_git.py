@@ -24,7 +24,7 @@ import pytest
 from shared.config import Settings
 from tests.e2e.helpers import Server
 from tests.e2e.own_stack import OwnStack
-from tests.e2e.sources import add, counts, documents, sync, wait_run
+from tests.e2e.sources import add, counts, documents, new_kb, sync, wait_run
 from tests.fixtures.git_server import GitDaemon, SmartHttp, free_port, git_daemon, smart_http
 
 pytestmark = pytest.mark.e2e
@@ -83,22 +83,14 @@ def http(served: Path) -> Iterator[SmartHttp]:
         yield running
 
 
-def _kb(server: Server) -> Iterator[str]:
-    kb_id = f"git-{secrets.token_hex(4)}"
-    with server.client("a_admin") as client:
-        assert client.post("/v1/kbs", json={"kb_id": kb_id, "name": kb_id}).status_code == 201
-        yield kb_id
-        client.delete(f"/v1/kbs/{kb_id}")
-
-
 @pytest.fixture
 def kb(sources_stack: OwnStack) -> Iterator[str]:
-    yield from _kb(sources_stack.server)
+    yield from new_kb(sources_stack.server, "git")
 
 
 @pytest.fixture
 def stack_kb(server: Server) -> Iterator[str]:
-    yield from _kb(server)
+    yield from new_kb(server, "git")
 
 
 def _versions(client: httpx.Client, kb: str) -> dict[str, int]:

@@ -3,7 +3,6 @@ deletion guard, which the next run then keeps to. What it reads cannot change.""
 
 from __future__ import annotations
 
-import secrets
 from collections.abc import Iterator
 from datetime import UTC, datetime
 from pathlib import Path
@@ -13,7 +12,7 @@ from typer.testing import CliRunner
 
 from services.cli.main import app
 from tests.e2e.helpers import Server, call, http_session
-from tests.e2e.sources import add, counts, documents, sync, wait_run
+from tests.e2e.sources import add, counts, documents, new_kb, sync, wait_run
 
 pytestmark = [pytest.mark.e2e, pytest.mark.anyio]
 
@@ -25,11 +24,7 @@ def anyio_backend() -> str:
 
 @pytest.fixture
 def kb(server: Server) -> Iterator[str]:
-    kb_id = f"srcu-{secrets.token_hex(4)}"
-    with server.client("a_admin") as client:
-        assert client.post("/v1/kbs", json={"kb_id": kb_id, "name": kb_id}).status_code == 201
-        yield kb_id
-        client.delete(f"/v1/kbs/{kb_id}")
+    yield from new_kb(server, "srcu")
 
 
 def test_a_lowered_deletion_guard_holds_the_next_run(server: Server, folder: Path, kb: str) -> None:
