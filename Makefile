@@ -2,6 +2,9 @@
 SHELL := /bin/bash
 # The virtual environment the local scripts use too (deploy/local/lib.sh): RAGLINE_VENV, else .venv.
 VENV ?= $(or $(RAGLINE_VENV),.venv)
+# This checkout's code first, whichever venv holds the packages: another checkout's venv has that
+# checkout's editable install, whose `ragline up` would run that checkout's scripts and code.
+export PYTHONPATH := $(CURDIR)$(if $(PYTHONPATH),:$(PYTHONPATH))
 STACK := bash deploy/local/stack.sh
 
 .PHONY: install up demo down status test soak bench bench-quick lint format clean-state
@@ -42,4 +45,4 @@ format: install
 	@$(VENV)/bin/ruff format . && $(VENV)/bin/ruff check --fix .
 
 clean-state: down  ## delete local data (OpenSearch indexes, Redis, blobs, logs)
-	rm -rf .ragline
+	rm -rf "$(or $(RAGLINE_STATE_DIR),.ragline)"

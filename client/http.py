@@ -29,6 +29,16 @@ class ApiError(Exception):
         self.message = message
 
 
+def _message(body: dict[str, Any]) -> str:
+    """An error's message, with what each invalid field was refused for (the API's 422 details)."""
+    message = str(body.get("message", ""))
+    errors = body.get("details", {}).get("errors") if isinstance(body.get("details"), dict) else None
+    if isinstance(errors, list) and errors:
+        problems = [f"{e.get('field', '')}: {e.get('problem', '')}" for e in errors if isinstance(e, dict)]
+        message += " (" + "; ".join(problems) + ")"
+    return message
+
+
 def local_server(settings: Settings) -> str:
     """The URL of the local stack's API (`make up`)."""
     return f"http://127.0.0.1:{settings.api.port}"
@@ -155,7 +165,7 @@ class Remote:
             if response.status_code >= 400:
                 try:
                     body = response.json()
-                    raise ApiError(response.status_code, body.get("code", "ERROR"), body.get("message", ""))
+                    raise ApiError(response.status_code, body.get("code", "ERROR"), _message(body))
                 except ValueError:
                     raise ApiError(response.status_code, "ERROR", response.text[:200]) from None
             return response.json() if response.content else None

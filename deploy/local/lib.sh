@@ -9,6 +9,7 @@ mkdir -p "$STATE_DIR" "$LOG_DIR"
 # The local stack's folder sources read under the state dir's sources/ unless told otherwise
 # (docs/api.md#sources): a source may only read where an operator allowed it.
 export RAGLINE_SOURCES__FOLDER_ROOTS=${RAGLINE_SOURCES__FOLDER_ROOTS:-"[\"$STATE_DIR/sources\"]"}
+mkdir -p "$STATE_DIR/sources"
 # A server moved to another port (RAGLINE_OPENSEARCH_PORT, RAGLINE_REDIS_PORT) is the one the
 # services started here use, unless their URL says otherwise: else they would reach whatever still
 # answers on the default port, another stack's server perhaps.
@@ -21,7 +22,9 @@ fi
 
 # The services run this checkout's code, whichever virtual environment holds the packages: a
 # RAGLINE_VENV made by another checkout has that checkout's editable install, which would win.
-export PYTHONPATH=$REPO_ROOT${PYTHONPATH:+:$PYTHONPATH}
+if [ "${PYTHONPATH%%:*}" != "$REPO_ROOT" ]; then
+  export PYTHONPATH=$REPO_ROOT${PYTHONPATH:+:$PYTHONPATH}
+fi
 
 say() { printf '%s\n' "$*"; }
 die() { printf 'error: %s\n' "$*" >&2; exit 1; }

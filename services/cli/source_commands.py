@@ -152,7 +152,7 @@ def source_update(
     source_id: str,
     name: Annotated[str | None, typer.Option(help="A new name.")] = None,
     every: Annotated[int | None, typer.Option(help="Sync by itself every this many seconds (>= 60).")] = None,
-    no_schedule: Annotated[bool, typer.Option(help="Sync only when asked.")] = False,
+    no_schedule: Annotated[bool, typer.Option("--no-schedule", help="Sync only when asked.")] = False,
     max_deleted_share: Annotated[
         float | None,
         typer.Option(min=0.0, max=1.0, help="A run deleting more of its documents fails (1: never)."),

@@ -306,10 +306,15 @@ class Sources:
             )
         given = Path(path)
         if not given.is_absolute() or ".." in given.parts:
-            raise RaglineError("a source's path is absolute, without '..'", code=ErrorCode.INVALID_ARGUMENT)
-        if not any(given.is_relative_to(root) for root in roots):
             raise RaglineError(
-                "the path is not inside RAGLINE_SOURCES__FOLDER_ROOTS", code=ErrorCode.FORBIDDEN
+                "a source's path must be absolute, without '..'", code=ErrorCode.INVALID_ARGUMENT
+            )
+        if not any(given.is_relative_to(root) for root in roots):
+            # The caller's own roots: where an admin of this tenant may put a source's files.
+            raise RaglineError(
+                "the path is not inside RAGLINE_SOURCES__FOLDER_ROOTS: "
+                + ", ".join(str(root) for root in roots),
+                code=ErrorCode.FORBIDDEN,
             )
 
 

@@ -174,11 +174,13 @@ def test_removing_a_source_deletes_its_documents_unless_kept(server: Server, fol
     ],
 )
 def test_a_folder_outside_the_roots_is_refused(
-    server: Server, kb: str, settings: dict[str, str], code: str, status: int
+    server: Server, kb: str, folder: Path, settings: dict[str, str], code: str, status: int
 ) -> None:
     with server.client("a_admin") as client:
         refused = client.post(f"/v1/kbs/{kb}/sources", json={"type": "folder", "settings": settings})
         assert (refused.status_code, refused.json()["code"]) == (status, code), refused.text
+        if code == "FORBIDDEN":  # it says where a source may read
+            assert str(folder.parent) in refused.json()["message"], refused.text
         assert (
             client.post(
                 f"/v1/kbs/{kb}/sources", json={"type": "folder", "settings": {"path": "/x"}, "bogus": 1}

@@ -142,3 +142,12 @@ async def test_an_agent_and_the_cli_change_a_source(server: Server, folder: Path
         {"interval_s": 600},
         0.1,
     )
+
+    remote = ["--server", server.url, "--api-key", server.keys["a_admin"]]
+    stopped = CliRunner().invoke(app, ["source", "update", kb, "shared", "--no-schedule", *remote])
+    assert stopped.exit_code == 0, stopped.output
+    assert '"schedule": null' in stopped.output
+    # The CLI says why the API refused a value, not only that the request was not valid.
+    refused = CliRunner().invoke(app, ["source", "update", kb, "shared", "--every", "30", *remote])
+    assert refused.exit_code == 1
+    assert "schedule.interval_s: Input should be greater than or equal to 60" in refused.output
