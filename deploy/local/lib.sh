@@ -22,9 +22,10 @@ fi
 
 # The services run this checkout's code, whichever virtual environment holds the packages: a
 # RAGLINE_VENV made by another checkout has that checkout's editable install, which would win.
-if [ "${PYTHONPATH%%:*}" != "$REPO_ROOT" ]; then
-  export PYTHONPATH=$REPO_ROOT${PYTHONPATH:+:$PYTHONPATH}
-fi
+case "${PYTHONPATH:-}" in
+  "$REPO_ROOT" | "$REPO_ROOT":*) ;;
+  *) export PYTHONPATH=$REPO_ROOT${PYTHONPATH:+:$PYTHONPATH} ;;
+esac
 
 say() { printf '%s\n' "$*"; }
 die() { printf 'error: %s\n' "$*" >&2; exit 1; }

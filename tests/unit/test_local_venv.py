@@ -44,7 +44,8 @@ def _run(command: list[str], tmp_path: Path, venv: Path) -> str:
 
 def test_the_scripts_run_this_checkouts_code(tmp_path: Path, others_venv: Path) -> None:
     shown = _run(
-        ["bash", "-c", f'source {REPO}/deploy/local/lib.sh; "$VENV/bin/python" -c "{SHOW_SHARED}"'],
+        # -u as the scripts run (set -euo pipefail): PYTHONPATH is not set here.
+        ["bash", "-euc", f'source {REPO}/deploy/local/lib.sh; "$VENV/bin/python" -c "{SHOW_SHARED}"'],
         tmp_path,
         others_venv,
     )
