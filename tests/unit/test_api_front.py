@@ -310,5 +310,6 @@ async def test_bodies_read_whole_at_once_are_bounded_across_requests(monkeypatch
     assert buffer_budget.BUDGET.held == 0
     lone = EnvelopeBodyLimit(Recorder(), max_body_size=1 << 20)
     async with _client(lone) as client:  # an MCP message alone may pass the budget
-        assert (await client.post("/mcp", content=b"{}" * 1000)).status_code == 200
+        message = b'{"jsonrpc":"2.0","id":1,"method":"ping","params":{"pad":"' + b"p" * 1950 + b'"}}'
+        assert (await client.post("/mcp", content=message)).status_code == 200
     assert buffer_budget.BUDGET.held == 0
