@@ -167,17 +167,17 @@ def test_removing_a_source_deletes_its_documents_unless_kept(server: Server, fol
 
 
 @pytest.mark.parametrize(
-    ("settings", "code", "status"),
+    ("given", "code", "status"),
     [
         ({"path": "/etc"}, "FORBIDDEN", 403),
         ({"path": "relative/dir"}, "INVALID_ARGUMENT", 422),
     ],
 )
 def test_a_folder_outside_the_roots_is_refused(
-    server: Server, kb: str, folder: Path, settings: dict[str, str], code: str, status: int
+    server: Server, kb: str, folder: Path, given: dict[str, str], code: str, status: int
 ) -> None:
     with server.client("a_admin") as client:
-        refused = client.post(f"/v1/kbs/{kb}/sources", json={"type": "folder", "settings": settings})
+        refused = client.post(f"/v1/kbs/{kb}/sources", json={"type": "folder", "settings": given})
         assert (refused.status_code, refused.json()["code"]) == (status, code), refused.text
         if code == "FORBIDDEN":  # it says where a source may read
             assert str(folder.parent) in refused.json()["message"], refused.text
