@@ -50,11 +50,14 @@ def claim_waiting(
     ref: StageRef,
     own_chunks: int,
     claim: Callable[[StageRef], Versioned | None],
+    waits: Callable[[StageRef], bool],
     traces: dict[StageRef, dict[str, str]],
 ) -> list[tuple[StageRef, Versioned]]:
     """Claim (with `claim`) other documents waiting at `ref`'s stage, up to `PEER_DOCS` of them
     and `PEER_CHUNKS` chunks with the task's own `own_chunks`.
 
+    One that would take the batch over the bound is put back only while it still `waits` there:
+    else nothing would ever take its announcement out, since its own task takes no peers.
     Each announcement carries its document's trace context, kept in `traces`, so a peer's next
     stage stays in its own trace.
     """
@@ -71,7 +74,8 @@ def claim_waiting(
         if (peer_ref.tenant_id, peer_ref.kb_id, peer_ref.doc_id) == (ref.tenant_id, ref.kb_id, ref.doc_id):
             continue
         if chunks + peer_chunks > PEER_CHUNKS:
-            left.append(raw)
+            if waits(peer_ref):
+                left.append(raw)
             continue
         traces[peer_ref] = trace
         peer = claim(peer_ref)

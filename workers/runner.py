@@ -83,6 +83,15 @@ def _claim(ctx: WorkerContext, ref: StageRef) -> Versioned | None:
         return None  # another worker claimed it first
 
 
+def _waits(ctx: WorkerContext, ref: StageRef) -> bool:
+    """Whether the document still waits at `ref`'s stage for a delivery to take it."""
+    current = ctx.registry.get_doc(ref.tenant_id, ref.kb_id, ref.doc_id)
+    if current is None:
+        return False
+    decision = lifecycle.claim(current.doc, ref, lifecycle_policy(ctx.settings), utcnow())
+    return not isinstance(decision, lifecycle.Skip)
+
+
 def run_stage(ctx: WorkerContext, ref: StageRef, stages: Stages, retries_done: int) -> None:
     """Run the stage in `ref` for its document, then hand the document to the next stage.
 
@@ -108,7 +117,9 @@ def _run_task(ctx: WorkerContext, ref: StageRef, stages: Stages, retries_done: i
     # A retried document runs alone: its batch may have failed for another document's sake.
     if ref.stage in stages.batches and retries_done == 0:
         own_chunks = claimed.doc.chunk_count
-        waiting = peers.claim_waiting(ctx.redis, ref, own_chunks, lambda peer: _claim(ctx, peer), traces)
+        waiting = peers.claim_waiting(
+            ctx.redis, ref, own_chunks, lambda peer: _claim(ctx, peer), lambda peer: _waits(ctx, peer), traces
+        )
         items += [ClaimedStage(peer_ref, peer) for peer_ref, peer in waiting]
         if waiting:
             log.info(

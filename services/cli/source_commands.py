@@ -171,6 +171,9 @@ def source_update(
         body["schedule"] = {"interval_s": every} if every is not None else None
     if max_deleted_share is not None:
         body["max_deleted_share"] = max_deleted_share
+    if not body:
+        typer.echo("nothing to change: give --name, --every, --no-schedule or --max-deleted-share", err=True)
+        raise typer.Exit(2)
     path = api_path("kbs", kb_id, "sources", source_id)
     _print(_call(_remote(server, api_key), "PATCH", path, json=body), True)
 

@@ -62,6 +62,8 @@ MAX_NUMBER_DIGITS = 4300
 _LONG_NUMBER = re.compile(rf"(?<!\d)\d{{{MAX_NUMBER_DIGITS + 1}}}")
 _BRACKET = re.compile(r"[\[\]{}]")
 REQUEST_CHECK_BYTES = 1 << 20
+# Where a JSON string may hold a surrogate code point: checked for a lone one only then.
+_SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89a-fA-F]")
 
 
 def unparseable(body: bytes) -> str | None:
@@ -103,29 +105,59 @@ def rejection(body: bytes) -> tuple[int, str] | None:
         message = json.loads(body)
     except ValueError as error:
         return PARSE_ERROR, f"Parse error: {error}"
+    if _SURROGATE_ESCAPE.search(body) and _lone_surrogate(message):
+        return PARSE_ERROR, "Parse error: a string holds a lone surrogate, which is no Unicode text"
     if (reason := invalid_request(message)) is not None:
         return INVALID_REQUEST, f"Invalid Request: {reason}"
     return None
+
+
+def _lone_surrogate(value: object) -> bool:
+    """Whether a parsed JSON value holds a string with a lone surrogate (keys included)."""
+    if isinstance(value, str):
+        try:
+            value.encode("utf-8")
+        except UnicodeEncodeError:
+            return True
+        return False
+    if isinstance(value, dict):
+        return any(_lone_surrogate(k) or _lone_surrogate(v) for k, v in value.items())
+    if isinstance(value, list):
+        return any(_lone_surrogate(v) for v in value)
+    return False
 
 
 def invalid_request(message: object) -> str | None:
     """Why a parsed body is no JSON-RPC message the SDK would answer, or None.
 
     The SDK took a request whose id is null, an object or a fraction for a notification (202, and
-    the client waited for an answer that never came), answered a batch (which MCP no longer has)
-    with a validation error quoting the whole input, and a body that is no object (a string, a
-    number) with pydantic's whole error text.
+    the client waited for an answer that never came), and answered a batch (which MCP no longer
+    has), a body that is no object, and an object that is no JSON-RPC 2.0 message, with a
+    validation error quoting the input (values a client sent, its secrets perhaps) under the id
+    "server-error".
     """
     if isinstance(message, list):
         return "batches are not supported; send one message a request"
     if not isinstance(message, dict):
         return "a message is a JSON object"
+    if message.get("jsonrpc") != "2.0":
+        return 'a message has "jsonrpc": "2.0"'
     # JSON-RPC lets a client's error answer carry a null id; the SDK takes none (it answered 400
     # with a validation error quoting the input), so this says why instead.
     if "id" in message:
         request_id = message["id"]
         if isinstance(request_id, bool) or not isinstance(request_id, str | int):
             return "the id must be a string or an integer"
+    if "method" in message:
+        if not isinstance(message["method"], str):
+            return "the method must be a string"
+        if "params" in message and not isinstance(message["params"], dict):
+            return "the params must be an object"
+        return None
+    if "id" not in message or ("result" in message) == ("error" in message):
+        return "a message is a request, a notification or a response with its id and a result or an error"
+    if "error" in message and not isinstance(message["error"], dict):
+        return "an error answer's error must be an object"
     return None
 
 

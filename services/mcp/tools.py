@@ -307,7 +307,13 @@ def _upload(content: str | None, content_base64: str | None, url: str | None, li
 
 def _payload(content: str | None, content_base64: str | None, limit: int) -> bytes:
     if content is not None:
-        data = content.encode()
+        try:
+            data = content.encode()
+        except UnicodeEncodeError:  # a lone surrogate (`\ud800`), which JSON lets through
+            raise RaglineError(
+                "content is not valid Unicode (a lone surrogate); send such bytes as content_base64",
+                code=ErrorCode.INVALID_ARGUMENT,
+            ) from None
     else:
         try:
             data = base64.b64decode(content_base64 or "", validate=True)

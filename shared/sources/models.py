@@ -179,11 +179,17 @@ class GitSpec(_SourceSpec):
 SourceSpec = Annotated[FolderSpec | S3Spec | WebSpec | GitSpec, Field(discriminator="type")]
 
 
+def _no_defaults(schema: dict[str, Any]) -> None:
+    # A client that fills in defaults would send `schedule: null`, which stops the schedule.
+    for field in schema.get("properties", {}).values():
+        field.pop("default", None)
+
+
 class SourceChange(BaseModel):
     """What may change of a source once added: the fields given, the others as they were. What it
     reads (its type and settings) stays: another place is another source."""
 
-    model_config = {"extra": "forbid"}
+    model_config = {"extra": "forbid", "json_schema_extra": _no_defaults}
 
     name: str | None = Field(None, max_length=200)
     schedule: Schedule | None = Field(

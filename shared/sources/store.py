@@ -199,7 +199,7 @@ class SourceStore:
         its documents go with it)."""
         query = {"bool": {"filter": _scope(tenant_id, kb_id)}}
         for index in (self.runs, self.items, self.sources):
-            self.client.delete_by_query(index=index, body={"query": query}, refresh=True, conflicts="proceed")
+            self._delete_matching(index, query)
 
     def due(self, now: datetime, limit: int = 100) -> list[Source]:
         """Scheduled sources whose next run is due (not those being deleted)."""
@@ -281,8 +281,7 @@ class SourceStore:
         ]
 
     def drop_runs(self, tenant_id: str, kb_id: str, source_id: str) -> None:
-        query = {"bool": {"filter": _scope(tenant_id, kb_id, source_id)}}
-        self.client.delete_by_query(index=self.runs, body={"query": query}, refresh=True, conflicts="proceed")
+        self._delete_matching(self.runs, {"bool": {"filter": _scope(tenant_id, kb_id, source_id)}})
 
     # items
 
@@ -357,10 +356,24 @@ class SourceStore:
         self.client.delete_by_query(index=self.items, body={"query": query}, conflicts="proceed")
 
     def drop_items(self, tenant_id: str, kb_id: str, source_id: str) -> None:
-        query = {"bool": {"filter": _scope(tenant_id, kb_id, source_id)}}
-        self.client.delete_by_query(
-            index=self.items, body={"query": query}, refresh=True, conflicts="proceed"
-        )
+        self._delete_matching(self.items, {"bool": {"filter": _scope(tenant_id, kb_id, source_id)}})
+
+    def _delete_matching(self, index: str, query: dict[str, Any]) -> None:
+        """Delete every record `query` matches, those changed while the deletion ran too.
+
+        A delete-by-query skips a record written after its search saw it (a version conflict):
+        a source changed (PATCHed, its run recorded) while its knowledge base was deleted
+        outlived the KB, went on running, and filled a new KB of the same id. It is searched
+        again until nothing is skipped; a write after that finds the record gone.
+        """
+        for _ in range(UPDATE_ATTEMPTS):
+            done = self.client.delete_by_query(
+                index=index, body={"query": query}, refresh=True, conflicts="proceed"
+            )
+            if not done.get("version_conflicts"):
+                return
+            self.client.indices.refresh(index=index)
+        raise RaglineError("the records are being changed concurrently; retry", code=ErrorCode.CONFLICT)
 
     # the optimistic read-change-write of sources and runs
 

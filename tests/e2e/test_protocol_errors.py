@@ -43,8 +43,10 @@ def test_a_method_the_path_does_not_take_is_a_405_with_allow(server: Server) -> 
         b'{"query":"x","top_k":' + b"7" * 5000 + b"}}}",
         # Broken JSON: the SDK's own answer carried the id "server-error", where JSON-RPC says null.
         b'{"jsonrpc":"2.0","id":1,"method":',
+        # A lone surrogate: the SDK answered 500 and logged a traceback.
+        b'{"jsonrpc":"2.0","id":"\\ud800","method":"ping"}',
     ],
-    ids=["invalid-utf8", "nested-lists", "nested-objects", "long-integer", "broken-json"],
+    ids=["invalid-utf8", "nested-lists", "nested-objects", "long-integer", "broken-json", "lone-surrogate"],
 )
 def test_mcp_answers_an_unparseable_body_with_a_parse_error(server: Server, body: bytes) -> None:
     log_before = server.log.stat().st_size
@@ -70,11 +72,16 @@ def test_mcp_answers_an_unparseable_body_with_a_parse_error(server: Server, body
             b'[{"jsonrpc":"2.0","id":1,"method":"ping"}]',
             "batches are not supported; send one message a request",
         ),
-        # The SDK answered these with pydantic's whole error text and the id "server-error".
+        # The SDK answered these with pydantic's whole error text, the values sent quoted, and the
+        # id "server-error".
         (b'"ping"', "a message is a JSON object"),
         (b"42", "a message is a JSON object"),
+        (
+            b'{"jsonrpc":"1.0","id":1,"method":"ping","params":{"token":"hunter2"}}',
+            'a message has "jsonrpc": "2.0"',
+        ),
     ],
-    ids=["null-id", "object-id", "fraction-id", "boolean-id", "batch", "string", "number"],
+    ids=["null-id", "object-id", "fraction-id", "boolean-id", "batch", "string", "number", "jsonrpc-1"],
 )
 def test_mcp_answers_a_request_it_cannot_answer_with_invalid_request(
     server: Server, body: bytes, reason: str

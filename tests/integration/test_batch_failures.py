@@ -138,6 +138,8 @@ def test_a_batch_takes_waiting_documents_along_up_to_its_bound_in_chunks(
     small = _waiting(registry, settings, carol, "carol-small.txt")
     peers.announce(services.redis, big, peers.PEER_CHUNKS - 1)  # one chunk too many with the note's
     peers.announce(services.redis, small, 3)
+    # A big one that waits no more (deleted, moved on): nothing else would ever take it out.
+    peers.announce(services.redis, StageRef(bob.tenant_id, bob.kb_id, "gone.txt", 1, Stage.PARSE), 9000)
     batches: list[list[str]] = []
     try:
         run_stage(services, note, _stages(batches, culprit=""), 0)

@@ -38,6 +38,19 @@ def test_many_runs_just_under_the_bound_are_checked_in_one_pass() -> None:
         (b'[{"jsonrpc":"2.0","id":1,"method":"ping"}]', INVALID_REQUEST),
         (b'{"jsonrpc":"2.0","id":null,"method":"ping"}', INVALID_REQUEST),
         (b'{"jsonrpc":"2.0","id":1,"method":"' + b"\xff" + b'"}', PARSE_ERROR),
+        # A lone surrogate parses as JSON but is no Unicode: the SDK answered 500 on it.
+        (b'{"jsonrpc":"2.0","id":"\\ud800","method":"ping"}', PARSE_ERROR),
+        (b'{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"x\\udc00":1}}', PARSE_ERROR),
+        # No JSON-RPC 2.0 message: the SDK quoted the values sent (a secret, perhaps) back.
+        (b'{"jsonrpc":"1.0","id":1,"method":"ping","params":{"secret":"s"}}', INVALID_REQUEST),
+        (b'{"id":1,"method":"ping"}', INVALID_REQUEST),
+        (b"{}", INVALID_REQUEST),
+        (b'{"jsonrpc":"2.0"}', INVALID_REQUEST),
+        (b'{"jsonrpc":"2.0","id":1,"method":5}', INVALID_REQUEST),
+        (b'{"jsonrpc":"2.0","id":1,"method":"ping","params":["a"]}', INVALID_REQUEST),
+        (b'{"jsonrpc":"2.0","id":1}', INVALID_REQUEST),
+        (b'{"jsonrpc":"2.0","id":1,"result":{},"error":{"code":1,"message":"x"}}', INVALID_REQUEST),
+        (b'{"jsonrpc":"2.0","id":1,"error":"x"}', INVALID_REQUEST),
     ],
 )
 def test_a_body_the_sdk_would_answer_badly_gets_its_json_rpc_error(body: bytes, code: int) -> None:
@@ -53,10 +66,22 @@ def test_a_body_the_sdk_would_answer_badly_gets_its_json_rpc_error(body: bytes, 
         b'{"jsonrpc":"2.0","id":"a","method":"ping"}',
         b'{"jsonrpc":"2.0","method":"notifications/initialized"}',
         b'\xef\xbb\xbf{"jsonrpc":"2.0","id":1,"method":"ping"}',
+        b'{"jsonrpc":"2.0","id":1,"method":"ping","params":{"q":"\\ud83d\\ude00 \\\\ud800"}}',
+        b'{"jsonrpc":"2.0","id":7,"result":{}}',
+        b'{"jsonrpc":"2.0","id":7,"error":{"code":-1,"message":"no"}}',
         # An ingest's content: not parsed a second time on the event loop, whatever it holds.
         b'{"jsonrpc":"2.0","id":1,' + b" " * REQUEST_CHECK_BYTES,
     ],
-    ids=["integer-id", "string-id", "notification", "bom", "over-the-check"],
+    ids=[
+        "integer-id",
+        "string-id",
+        "notification",
+        "bom",
+        "surrogate-pair-and-escaped-backslash",
+        "client-result",
+        "client-error",
+        "over-the-check",
+    ],
 )
 def test_a_message_the_sdk_answers_itself_is_let_by(body: bytes) -> None:
     assert rejection(body) is None
