@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import uuid
+from collections.abc import Iterator
+
 import pytest
 import redis
 from celery import Celery
@@ -10,6 +13,7 @@ from opensearchpy import OpenSearch
 from shared.config import Settings
 from shared.ingest import Ingestor
 from shared.registry import Registry
+from shared.sources.store import SourceStore
 from shared.wiring import Services, build_services
 
 START_HINT = "start the local stack with `make up` (or run `make test`, which starts it)"
@@ -55,3 +59,19 @@ def registry(services: Services) -> Registry:
 @pytest.fixture(scope="session")
 def ingestor(services: Services) -> Ingestor:
     return services.ingestor
+
+
+@pytest.fixture
+def own_source_store(opensearch: OpenSearch, settings: Settings) -> Iterator[SourceStore]:
+    """A sources store in indexes of the test's own (another prefix): the stack's runners never
+    see its records."""
+    prefix = f"ragline-test-{uuid.uuid4().hex[:8]}"
+    own = settings.model_copy(
+        update={"opensearch": settings.opensearch.model_copy(update={"index_prefix": prefix})}
+    )
+    sources = SourceStore(opensearch, own)
+    sources.ensure_indexes()
+    try:
+        yield sources
+    finally:
+        opensearch.indices.delete(index=f"{prefix}-*")

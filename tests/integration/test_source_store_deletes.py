@@ -6,12 +6,9 @@ from __future__ import annotations
 
 import threading
 import uuid
-from collections.abc import Iterator
 
 import pytest
-from opensearchpy import OpenSearch
 
-from shared.config import Settings
 from shared.sources.models import Source, SourceType
 from shared.sources.store import SourceNotFound, SourceStore
 
@@ -21,17 +18,8 @@ SOURCES = 20
 
 
 @pytest.fixture
-def store(opensearch: OpenSearch, settings: Settings) -> Iterator[SourceStore]:
-    prefix = f"ragline-test-{uuid.uuid4().hex[:8]}"
-    own = settings.model_copy(
-        update={"opensearch": settings.opensearch.model_copy(update={"index_prefix": prefix})}
-    )
-    sources = SourceStore(opensearch, own)
-    sources.ensure_indexes()
-    try:
-        yield sources
-    finally:
-        opensearch.indices.delete(index=f"{prefix}-*")
+def store(own_source_store: SourceStore) -> SourceStore:
+    return own_source_store
 
 
 def test_sources_changed_while_their_kb_is_deleted_are_deleted_too(store: SourceStore) -> None:

@@ -4,14 +4,10 @@ The runs live in indexes of the test's own (another prefix): the stack's runners
 
 from __future__ import annotations
 
-import uuid
-from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 
 import pytest
-from opensearchpy import OpenSearch
 
-from shared.config import Settings
 from shared.sources.models import RunStatus, SyncRun
 from shared.sources.store import SourceStore
 from workers.sources.runner import fair_order
@@ -22,17 +18,8 @@ T0 = datetime(2026, 1, 1, tzinfo=UTC)
 
 
 @pytest.fixture
-def store(opensearch: OpenSearch, settings: Settings) -> Iterator[SourceStore]:
-    prefix = f"ragline-test-{uuid.uuid4().hex[:8]}"
-    own = settings.model_copy(
-        update={"opensearch": settings.opensearch.model_copy(update={"index_prefix": prefix})}
-    )
-    sources = SourceStore(opensearch, own)
-    sources.ensure_indexes()
-    try:
-        yield sources
-    finally:
-        opensearch.indices.delete(index=f"{prefix}-*")
+def store(own_source_store: SourceStore) -> SourceStore:
+    return own_source_store
 
 
 def _queue(store: SourceStore, tenant: str, count: int, minute: int, status: RunStatus) -> list[str]:
