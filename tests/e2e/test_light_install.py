@@ -33,6 +33,13 @@ SERVER_ONLY = (
 MAX_INSTALL_BYTES = 100 * 10**6
 
 
+def _outside_the_checkout() -> dict[str, str]:
+    """This environment without the checkout on PYTHONPATH (the local scripts put it there): pip
+    would take its ragline.egg-info for an installed ragline and leave the venv without it, and
+    the client install would run the checkout's code."""
+    return {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+
+
 def _run(*argv: str, env: dict[str, str] | None = None, cwd: Path | None = None) -> str:
     done = subprocess.run(
         argv,
@@ -40,7 +47,7 @@ def _run(*argv: str, env: dict[str, str] | None = None, cwd: Path | None = None)
         text=True,
         timeout=600,
         check=False,
-        env=env,
+        env=_outside_the_checkout() if env is None else env,
         cwd=cwd,
         stdin=subprocess.DEVNULL,
     )
@@ -92,6 +99,7 @@ def test_a_server_command_says_which_extra_it_needs(light: Path, tmp_path: Path)
         text=True,
         timeout=120,
         check=False,
+        env=_outside_the_checkout(),
         cwd=tmp_path,
         stdin=subprocess.DEVNULL,
     )

@@ -230,6 +230,7 @@ def _bodies(endpoint: Endpoint, a: TenantA) -> list[dict[str, Any] | None]:
         ("POST", "/v1/kbs/{kb_id}/sources"): [
             {"type": "folder", "source_id": a.source, "settings": {"path": a.folder}}
         ],
+        ("PATCH", "/v1/kbs/{kb_id}/sources/{source_id}"): [{"max_deleted_share": 1, "schedule": None}],
         ("POST", "/v1/search"): [
             {"query": a.query, "kb_ids": [a.kb]},
             {"query": a.query},
@@ -300,6 +301,7 @@ def _tool_arguments(tool: Tool, a: TenantA) -> list[dict[str, Any]]:
         "name": "made by b",
         "source_id": a.source,
         "source": {"type": "folder", "source_id": a.source, "settings": {"path": a.folder}},
+        "change": {"max_deleted_share": 1, "schedule": None},
     }
     properties = set(tool.inputSchema.get("properties", {}))
     required = set(tool.inputSchema.get("required", []))
