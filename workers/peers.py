@@ -39,7 +39,9 @@ def waiting_key(stage: Stage) -> str:
 
 def announce(client: redis.Redis, ref: StageRef, chunk_count: int) -> None:
     """Say that `ref`'s document of `chunk_count` chunks waits at its (batched) stage, with its
-    trace context."""
+    trace context. One of `PEER_CHUNKS` or more is not announced: no batch could take it along."""
+    if chunk_count >= PEER_CHUNKS:
+        return
     fields = {**ref.as_kwargs(), CHUNKS: chunk_count, **tracing.carrier()}
     with contextlib.suppress(RedisError):  # only an optimisation: the document's own task still runs
         client.sadd(waiting_key(ref.stage), json.dumps(fields))
@@ -57,7 +59,7 @@ def claim_waiting(
     and `PEER_CHUNKS` chunks with the task's own `own_chunks`.
 
     One that would take the batch over the bound is put back only while it still `waits` there:
-    else nothing would ever take its announcement out, since its own task takes no peers.
+    else it could stay for good, each task that pops it putting it back.
     Each announcement carries its document's trace context, kept in `traces`, so a peer's next
     stage stays in its own trace.
     """

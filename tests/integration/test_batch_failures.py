@@ -138,8 +138,11 @@ def test_a_batch_takes_waiting_documents_along_up_to_its_bound_in_chunks(
     small = _waiting(registry, settings, carol, "carol-small.txt")
     peers.announce(services.redis, big, peers.PEER_CHUNKS - 1)  # one chunk too many with the note's
     peers.announce(services.redis, small, 3)
-    # A big one that waits no more (deleted, moved on): nothing else would ever take it out.
-    peers.announce(services.redis, StageRef(bob.tenant_id, bob.kb_id, "gone.txt", 1, Stage.PARSE), 9000)
+    # One that waits no more (deleted, moved on), too big to take along: else it stays for good.
+    gone = StageRef(bob.tenant_id, bob.kb_id, "gone.txt", 1, Stage.PARSE)
+    peers.announce(services.redis, gone, peers.PEER_CHUNKS - 1)
+    # One that no batch could take along is not announced at all.
+    peers.announce(services.redis, StageRef(bob.tenant_id, bob.kb_id, "huge.txt", 1, Stage.PARSE), 9000)
     batches: list[list[str]] = []
     try:
         run_stage(services, note, _stages(batches, culprit=""), 0)
