@@ -273,6 +273,9 @@ class Catalog:
             drop_index(self.client, ",".join(own))
         drop_aliases(self.client, self.settings, tenant_id, kb_id)
         self.registry.delete_kb(tenant_id, kb_id)
+        # A source added while this ran (its KB still stood) would outlive it and fill a new KB
+        # of the same id; one added from now on finds the KB gone (Sources.add checks again).
+        self.sources.drop_kb(tenant_id, kb_id)
 
     def start_reembed(self, tenant_id: str, kb_id: str, model: str) -> KbView:
         """Mark the KB and hand the reembed to a worker (workers/reembed.py); CONFLICT if one runs."""

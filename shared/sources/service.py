@@ -20,7 +20,7 @@ from shared.config import Settings
 from shared.errors import ErrorCode, RaglineError
 from shared.fetch.policy import FetchPolicy, check_url
 from shared.models import utcnow
-from shared.registry import Registry
+from shared.registry import NotFound, Registry
 from shared.sources.models import (
     FolderSpec,
     GitSpec,
@@ -140,7 +140,13 @@ class Sources:
             max_deleted_share=spec.max_deleted_share,
             next_run_at=utcnow() if spec.schedule is not None else None,
         )
-        return view(self.store.create(source), None)
+        created = self.store.create(source)
+        try:
+            self.registry.get_kb(tenant_id, kb_id)  # deleted meanwhile: its deletion missed this one
+        except NotFound:
+            self.store.delete(tenant_id, kb_id, created.source_id)
+            raise
+        return view(created, None)
 
     def of_kb(self, tenant_id: str, kb_id: str) -> list[SourceView]:
         self.registry.get_kb(tenant_id, kb_id)
