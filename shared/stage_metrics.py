@@ -3,13 +3,15 @@
 A stage's observation increments only the one bucket its duration falls in (and the sum); the
 reader adds the buckets up into Prometheus' cumulative form. Incrementing every bucket at or above
 the duration, as the cumulative form stores it, sent up to 14 commands for each stage of each
-document, a cost the worker paid on every hand-over.
+document, a cost the worker paid on every hand-over. A worker process gathers its observations in
+a `StageTimes` and writes them in one round trip, not one for each stage of each document.
 """
 
 from __future__ import annotations
 
 import bisect
 import math
+from collections import Counter
 
 import redis
 
@@ -24,13 +26,33 @@ def bucket_of(seconds: float) -> str:
     return str(STAGE_BUCKETS[index]) if index < len(STAGE_BUCKETS) else "+Inf"
 
 
-def record_stage(client: redis.Redis, stage: str, seconds: float) -> None:
-    if not math.isfinite(seconds):
-        return  # Redis refuses such a sum after counting its bucket: count and sum would part
-    pipe = client.pipeline(transaction=False)
-    pipe.hincrby(KEY, f"{stage}|{bucket_of(seconds)}", 1)
-    pipe.hincrbyfloat(KEY, f"{stage}|sum", seconds)
-    pipe.execute()
+class StageTimes:
+    """Observations of one process not yet written: bucket increments and sums by field."""
+
+    def __init__(self) -> None:
+        self._counts: Counter[str] = Counter()
+        self._sums: dict[str, float] = {}
+
+    def observe(self, stage: str, seconds: float) -> None:
+        if not math.isfinite(seconds):
+            return  # Redis refuses such a sum after counting its bucket: count and sum would part
+        self._counts[f"{stage}|{bucket_of(seconds)}"] += 1
+        field = f"{stage}|sum"
+        self._sums[field] = self._sums.get(field, 0.0) + seconds
+
+    def flush(self, client: redis.Redis) -> None:
+        """Write what was observed since the last flush; what a failed write held is dropped, as a
+        metric never fails or holds up a document."""
+        if not self._counts:
+            return
+        counts, sums = self._counts, self._sums
+        self._counts, self._sums = Counter(), {}
+        pipe = client.pipeline(transaction=False)
+        for field, count in counts.items():
+            pipe.hincrby(KEY, field, count)
+        for field, seconds in sums.items():
+            pipe.hincrbyfloat(KEY, field, seconds)
+        pipe.execute()
 
 
 def cumulative(raw: dict[str, float]) -> dict[str, tuple[list[tuple[str, float]], float]]:

@@ -26,6 +26,7 @@ from shared.search.schema import ensure_indexes
 from shared.search.searcher import Searcher
 from shared.sources.service import Sources
 from shared.sources.store import SourceStore
+from shared.stage_metrics import StageTimes
 
 
 @dataclass(frozen=True)
@@ -41,6 +42,7 @@ class Services:
     searcher: Searcher
     source_store: SourceStore
     sources: Sources
+    stage_times: StageTimes  # a worker's stage observations, until it writes them
 
     def prepare_indexes(self) -> None:
         """Create the indexes, templates and aliases that are missing (idempotent)."""
@@ -76,4 +78,5 @@ def build_services(settings: Settings) -> Services:
         searcher=Searcher(client, settings),
         source_store=source_store,
         sources=Sources(settings, source_store, registry, broker),
+        stage_times=StageTimes(),
     )

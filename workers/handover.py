@@ -25,7 +25,6 @@ from shared.ingest import STAGE_TASK, StageRef, hand_to_reconciler
 from shared.models import PIPELINE, Document, Stage, utcnow
 from shared.queue import enqueue, stage_queue
 from shared.registry import Conflict, Registry, Versioned
-from shared.stage_metrics import record_stage
 from workers import lifecycle, metrics, peers
 from workers.context import WorkerContext
 from workers.failures import is_outage
@@ -120,6 +119,11 @@ def resend(ref: StageRef, send_again: Callable[[], object], registry: Callable[[
         hand_to_reconciler(registry(), ref)
 
 
+def write_stage_times(ctx: WorkerContext) -> None:
+    with contextlib.suppress(Exception):  # metrics never fail a document
+        ctx.stage_times.flush(ctx.redis)
+
+
 def _write(ctx: WorkerContext, claimed: Versioned, doc: Document, pin: str | None) -> Versioned:
     """The fenced write of a hand-over; with `pin`, the bytes it names are held until it lands."""
     if pin is None:
@@ -149,8 +153,7 @@ def hand_over(
     moved = lifecycle.advance(
         claimed.doc, ref.stage, result, elapsed, lifecycle_policy(ctx.settings), utcnow(), chains=chains
     )
-    with contextlib.suppress(Exception):  # metrics never fail a document
-        record_stage(ctx.redis, ref.stage.value, elapsed)
+    ctx.stage_times.observe(ref.stage.value, elapsed)
     metrics.stage_observed(ref.stage.value, "ok", elapsed)
     doc = moved.doc
     next_ref = StageRef(ref.tenant_id, ref.kb_id, ref.doc_id, ref.content_version, nxt) if nxt else None
@@ -163,6 +166,11 @@ def hand_over(
         return ClaimedStage(
             next_ref, Versioned(doc, claimed.seq_no, claimed.primary_term), result.artifact, tracing.carrier()
         )
+    if not moved.chains:
+        # Observations are written together where a document leaves this task (sent on, or
+        # ready), not one round trip for each stage: whoever sees it at its next stage or ready
+        # sees its stages so far counted. The task writes what is left as it ends (runner.py).
+        write_stage_times(ctx)
     try:
         written = _write(ctx, claimed, doc, result.pin)
     except Conflict:

@@ -41,7 +41,7 @@ from shared.registry import Conflict, Versioned
 from workers import lifecycle, metrics, peers
 from workers.context import WorkerContext
 from workers.failures import classify, is_outage, outage_countdown, retry_countdown
-from workers.handover import ClaimedStage, drop_artifacts, hand_over, send, stage_input
+from workers.handover import ClaimedStage, drop_artifacts, hand_over, send, stage_input, write_stage_times
 from workers.lease import LeaseKeeper, lifecycle_policy, stage_lease
 from workers.stages.base import StageResult, Stages
 
@@ -101,8 +101,11 @@ def run_stage(ctx: WorkerContext, ref: StageRef, stages: Stages, retries_done: i
     soft time limit at most: a chain never outlives the limit a single stage has. The task reads
     each knowledge base once, so all its stages see the same settings.
     """
-    with ctx.registry.kb_snapshots():
-        _run_task(ctx, ref, stages, retries_done)
+    try:
+        with ctx.registry.kb_snapshots():
+            _run_task(ctx, ref, stages, retries_done)
+    finally:
+        write_stage_times(ctx)
 
 
 def _run_task(ctx: WorkerContext, ref: StageRef, stages: Stages, retries_done: int) -> None:
