@@ -2,9 +2,33 @@
 
 from __future__ import annotations
 
-from opensearchpy import OpenSearch
+from typing import Any
+
+import orjson
+from opensearchpy import JSONSerializer, OpenSearch
 
 from shared.config import OpenSearchSettings
+
+
+class FastJSONSerializer(JSONSerializer):
+    """The client's JSON: orjson writes a chunk's bulk line (its vector's 384 numbers above all)
+    and reads the answers about ten times faster than the standard library, a cost the worker pays
+    on every chunk it indexes. What orjson refuses (an integer past 64 bits in caller metadata,
+    nesting past its depth limit) goes the standard way, so its errors stay the client's own."""
+
+    def dumps(self, data: Any) -> Any:
+        if isinstance(data, str):
+            return data
+        try:
+            return orjson.dumps(data, default=self.default, option=orjson.OPT_SERIALIZE_NUMPY).decode()
+        except orjson.JSONEncodeError:
+            return super().dumps(data)
+
+    def loads(self, s: str) -> Any:
+        try:
+            return orjson.loads(s)
+        except orjson.JSONDecodeError:
+            return super().loads(s)
 
 
 def build_client(settings: OpenSearchSettings) -> OpenSearch:
@@ -23,6 +47,7 @@ def build_client(settings: OpenSearchSettings) -> OpenSearch:
         # urllib3 keeps one connection per node unless told: every concurrent request past it
         # opened a connection of its own and logged "Connection pool is full" when closing it.
         pool_maxsize=settings.pool_maxsize,
+        serializer=FastJSONSerializer(),
     )
 
 
