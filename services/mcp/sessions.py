@@ -153,11 +153,26 @@ def invalid_request(message: object) -> str | None:
             return "the method must be a string"
         if "params" in message and not isinstance(message["params"], dict):
             return "the params must be an object"
+        if "result" in message or "error" in message:
+            return "a request or a notification carries no result or error"
         return None
     if "id" not in message or ("result" in message) == ("error" in message):
         return "a message is a request, a notification or a response with its id and a result or an error"
-    if "error" in message and not isinstance(message["error"], dict):
+    if "result" in message:
+        return None if isinstance(message["result"], dict) else "a result must be an object"
+    return _error_object_problem(message["error"])
+
+
+def _error_object_problem(error: object) -> str | None:
+    """Why a client's error answer is no JSON-RPC error object (an integer code and a string
+    message), or None; the SDK answered those with its validation error, quoting the input."""
+    if not isinstance(error, dict):
         return "an error answer's error must be an object"
+    code = error.get("code")
+    if isinstance(code, bool) or not isinstance(code, int):
+        return "an error's code must be an integer"
+    if not isinstance(error.get("message"), str):
+        return "an error's message must be a string"
     return None
 
 

@@ -80,8 +80,24 @@ def test_mcp_answers_an_unparseable_body_with_a_parse_error(server: Server, body
             b'{"jsonrpc":"1.0","id":1,"method":"ping","params":{"token":"hunter2"}}',
             'a message has "jsonrpc": "2.0"',
         ),
+        (
+            b'{"jsonrpc":"2.0","id":1,"error":{"code":"hunter2","message":"m"}}',
+            "an error's code must be an integer",
+        ),
+        (b'{"jsonrpc":"2.0","id":1,"result":["hunter2"]}', "a result must be an object"),
     ],
-    ids=["null-id", "object-id", "fraction-id", "boolean-id", "batch", "string", "number", "jsonrpc-1"],
+    ids=[
+        "null-id",
+        "object-id",
+        "fraction-id",
+        "boolean-id",
+        "batch",
+        "string",
+        "number",
+        "jsonrpc-1",
+        "error-code-text",
+        "result-array",
+    ],
 )
 def test_mcp_answers_a_request_it_cannot_answer_with_invalid_request(
     server: Server, body: bytes, reason: str
