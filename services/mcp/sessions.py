@@ -102,7 +102,7 @@ def rejection(body: bytes) -> tuple[int, str] | None:
     if len(body) > REQUEST_CHECK_BYTES:
         return None
     try:
-        message = json.loads(body)
+        message = json.loads(body, parse_constant=_no_json_number)
     except ValueError as error:
         return PARSE_ERROR, f"Parse error: {error}"
     if _SURROGATE_ESCAPE.search(body) and _lone_surrogate(message):
@@ -110,6 +110,12 @@ def rejection(body: bytes) -> tuple[int, str] | None:
     if (reason := invalid_request(message)) is not None:
         return INVALID_REQUEST, f"Invalid Request: {reason}"
     return None
+
+
+def _no_json_number(name: str) -> object:
+    """NaN and Infinity are no JSON (RFC 8259); Python's parsers, the SDK's too, read them as
+    floats, and a NaN then passed numeric bounds unnoticed."""
+    raise ValueError(f"{name} is not a JSON number")
 
 
 def _lone_surrogate(value: object) -> bool:

@@ -45,8 +45,19 @@ def test_a_method_the_path_does_not_take_is_a_405_with_allow(server: Server) -> 
         b'{"jsonrpc":"2.0","id":1,"method":',
         # A lone surrogate: the SDK answered 500 and logged a traceback.
         b'{"jsonrpc":"2.0","id":"\\ud800","method":"ping"}',
+        # NaN is no JSON: over MCP, update_source took one and changed nothing, answering success.
+        b'{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":"update_source","arguments":'
+        b'{"kb_id":"k","source_id":"s","change":{"max_deleted_share":NaN}}}}',
     ],
-    ids=["invalid-utf8", "nested-lists", "nested-objects", "long-integer", "broken-json", "lone-surrogate"],
+    ids=[
+        "invalid-utf8",
+        "nested-lists",
+        "nested-objects",
+        "long-integer",
+        "broken-json",
+        "lone-surrogate",
+        "nan",
+    ],
 )
 def test_mcp_answers_an_unparseable_body_with_a_parse_error(server: Server, body: bytes) -> None:
     log_before = server.log.stat().st_size
