@@ -227,6 +227,14 @@ class EmbeddingSettings(_Section):
         "ONNX backend is float32 (or the int8 model).",
     )
     batch_size: int = Field(32, ge=1, le=4096, description="Texts per encode call at most.")
+    turn_s: float = Field(
+        30.0,
+        ge=0.0,
+        le=3600.0,
+        description="Seconds a task embeds before it yields its process (what it embedded stays in "
+        "the cache, and the rest waits at the back of its queue): a document of many thousand "
+        "chunks no longer holds a process for minutes while other documents wait.",
+    )
     batch_tokens: int = Field(
         256,
         ge=1,

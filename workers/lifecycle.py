@@ -155,6 +155,16 @@ def release_for_retry(doc: Document, stage: Stage, error: RaglineError, lease_un
     return released
 
 
+def release_turn(doc: Document, lease_until: datetime) -> Document:
+    """The document released between two turns of its stage, for a resend due before `lease_until`:
+    it stays at the stage with no error, as nothing failed."""
+    released = doc.model_copy()
+    released.attempts = max(0, released.attempts - 1)  # a turn is not a lost claim either
+    released.claimed_by = None
+    released.lease_until = lease_until
+    return released
+
+
 @dataclass(frozen=True)
 class RetryPlan:
     """What a retryable failure does: release every document, then retry the task's own later

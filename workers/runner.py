@@ -43,7 +43,7 @@ from workers.context import WorkerContext
 from workers.failures import classify, is_outage, outage_countdown, retry_countdown
 from workers.handover import ClaimedStage, drop_artifacts, hand_over, send, stage_input, write_stage_times
 from workers.lease import LeaseKeeper, lifecycle_policy, stage_lease
-from workers.stages.base import StageResult, Stages
+from workers.stages.base import StageResult, Stages, TurnEnded
 
 log = logging.getLogger(__name__)
 
@@ -194,6 +194,9 @@ def _run_claimed(
         except Exception as error:  # noqa: BLE001  (every failure is classified; none escapes untyped)
             produced = error
     items = [replace(i, claim=c) for i, c in zip(items, keeper.claims(), strict=True)]
+    if isinstance(produced, TurnEnded):
+        _next_turn(ctx, items, retries_done, produced)
+        return []
     if isinstance(produced, Exception):
         failure = classify(ref, produced)
         alone = False
@@ -261,6 +264,31 @@ def _retry_or_fail(
         raise Done
     metrics.retried(own_ref.stage.value, error.code.value)
     raise Retry(plan.countdown, counted=plan.counted)
+
+
+def _next_turn(ctx: WorkerContext, items: list[ClaimedStage], retries_done: int, turn: TurnEnded) -> None:
+    """Release the documents whose stage's turn ran out and send the stage again, each to the back
+    of its queue: the process is free for whatever waits meanwhile (interactive documents first).
+
+    The send covers each document, as a retry's does; should it be lost, the queue lease runs out
+    and the reconciler sends the stage. Nothing is counted: the documents stay at their stage,
+    without error, with their retries as they were.
+    """
+    ref = items[0].ref
+    log.info(
+        "%s for %s/%s yields its process after its turn (%s); sent again",
+        ref.stage,
+        ref.kb_id,
+        ref.doc_id,
+        turn,
+    )
+    until = utcnow() + lifecycle_policy(ctx.settings).queue_lease
+    for position, item in enumerate(items):
+        try:
+            with contextlib.suppress(Conflict):  # superseded meanwhile: nothing of ours to release
+                ctx.registry.replace_doc(item.claim, lifecycle.release_turn(item.claim.doc, until))
+        finally:
+            send(ctx, item.ref, item.claim.doc.queue, retries=retries_done if position == 0 else 0)
 
 
 def _release(

@@ -24,7 +24,7 @@ from workers import peers
 from workers.context import WorkerContext
 from workers.pipeline import STAGES
 from workers.runner import Retry, run_stage
-from workers.stages.base import StageResult, Stages
+from workers.stages.base import StageResult, Stages, TurnEnded
 
 pytestmark = pytest.mark.integration
 
@@ -81,6 +81,40 @@ def test_a_batch_out_of_time_fails_none_of_its_documents_and_each_runs_again_alo
     # The peer was sent again as a retried task: the real worker runs it with the real stages.
     assert (
         wait_terminal(registry, bob, ["bob-huge.txt"], timeout_s=180)["bob-huge.txt"].status
+        == DocStatus.READY
+    )
+
+
+def test_documents_whose_turn_ran_out_wait_at_their_stage_without_error_and_go_on(
+    registry: Registry, settings: Settings, services: Services
+) -> None:
+    """A long stage yields its process after its turn: its documents are released, neither failed
+    nor marked as retrying, and sent again to the back of their queue, where the stack's worker
+    takes them on (with the real stages) to ready."""
+    alice, bob = new_kb(registry, pii_policy="off"), new_kb(registry, pii_policy="off")
+    log = _waiting(registry, settings, alice, "alice-log.txt")
+    note = _waiting(registry, settings, bob, "bob-note.txt")
+    peers.announce(services.redis, note, 1)
+    batches: list[list[str]] = []
+
+    def out_of_turn(
+        ctx: WorkerContext, items: list[tuple[Document, Any]]
+    ) -> list[StageResult | RaglineError]:
+        batches.append([doc.doc_id for doc, _ in items])
+        raise TurnEnded(1, 2)
+
+    run_stage(services, log, replace(STAGES, batches={**STAGES.batches, Stage.PARSE: out_of_turn}), 0)
+
+    assert batches == [["alice-log.txt", "bob-note.txt"]]
+    for kb, ref in ((alice, log), (bob, note)):
+        doc = registry.require_doc(kb.tenant_id, kb.kb_id, ref.doc_id).doc
+        assert doc.status != DocStatus.FAILED, ref.doc_id  # the stack's worker may have it by now
+        assert doc.error is None, ref.doc_id  # a turn is no failure, nor a retry
+        assert doc.attempts <= 1, ref.doc_id  # a released turn is no lost claim
+    done = wait_terminal(registry, alice, ["alice-log.txt"], timeout_s=180)
+    assert done["alice-log.txt"].status == DocStatus.READY
+    assert (
+        wait_terminal(registry, bob, ["bob-note.txt"], timeout_s=180)["bob-note.txt"].status
         == DocStatus.READY
     )
 

@@ -13,6 +13,7 @@ from shared.errors import ErrorCode, RaglineError
 from shared.models import Document
 from shared.wiring import Services
 from workers.stages import embed
+from workers.stages.base import TurnEnded
 
 
 def _doc(name: str, tenant: str = "t") -> Document:
@@ -102,3 +103,23 @@ def test_a_large_document_keeps_what_it_embedded_before_its_time_ran_out(
         "cached": embed.ENCODE_SLICE,
         "batch_documents": 1,
     }
+
+
+def test_an_embedding_whose_turn_ran_out_keeps_what_it_embedded(services: Services) -> None:
+    """A turn ends after a slice, never before one: each turn gets on, and the next goes on from
+    there, every text encoded once."""
+    fresh = uuid.uuid4().hex
+    model = services.settings.embedding.model
+    texts = [f"paragraph {n} of a long log {fresh}" for n in range(embed.ENCODE_SLICE + 10)]
+    doc = _doc("log.txt")
+    with pytest.raises(TurnEnded) as turn:
+        embed._run_model_batch(services, model, [(doc, _chunks(*texts))], turn_ends=0.0)
+    assert (turn.value.done, turn.value.total) == (embed.ENCODE_SLICE, len(texts))
+    finished = embed._run_model_batch(services, model, [(doc, _chunks(*texts))], turn_ends=0.0)[0]
+    assert not isinstance(finished, RaglineError)  # the last slice ends it, turn or no turn
+    assert finished.updates["stats"]["embed"] == {
+        "embedded": 10,
+        "cached": embed.ENCODE_SLICE,
+        "batch_documents": 1,
+    }
+    assert all(chunk["embedding_b64"] for chunk in finished.artifact["chunks"])

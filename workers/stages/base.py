@@ -35,6 +35,16 @@ class StageResult:
     pin: str | None = None
 
 
+class TurnEnded(Exception):  # an outcome, not an error: nothing failed
+    """Raised by a stage whose turn (`embedding.turn_s`) ran out with work left: what it did is kept
+    (the embedding cache), and the runner releases its documents and sends the stage again to the
+    back of its queue, so that another tenant's waiting documents get the process meanwhile."""
+
+    def __init__(self, done: int, total: int) -> None:
+        super().__init__(f"{done} of {total} done")
+        self.done, self.total = done, total
+
+
 # A stage's input is what the stage before handed on (parse: the path of the document's bytes).
 StageInput = Any
 StageFn = Callable[["WorkerContext", Document, StageInput], StageResult]

@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import base64
 import hashlib
+import math
+import time
 from typing import Any
 
 import numpy as np
@@ -22,11 +24,11 @@ from shared.errors import ErrorCode, PermanentError, RaglineError
 from shared.models import Document
 from workers import metrics
 from workers.context import WorkerContext
-from workers.stages.base import StageResult
+from workers.stages.base import StageResult, TurnEnded
 
 CACHE_TTL_S = 30 * 24 * 3600
-# Texts encoded, and their vectors cached, at a time: a document whose embedding outlasts the
-# task's time limit keeps what it embedded, and its retry goes on from there.
+# Texts encoded, and their vectors cached, at a time: a document whose embedding outlasts its turn
+# or the task's time limit keeps what it embedded, and the next task goes on from there.
 ENCODE_SLICE = 256
 
 
@@ -45,7 +47,9 @@ def decode_b64(value: str) -> list[float]:
 def run_batch(
     ctx: WorkerContext, items: list[tuple[Document, dict[str, Any]]]
 ) -> list[StageResult | RaglineError]:
-    """Embed the chunks of several documents in shared model batches (one per KB model)."""
+    """Embed the chunks of several documents in shared model batches (one per KB model); raises
+    TurnEnded when `embedding.turn_s` runs out with texts left (see workers/stages/base.py)."""
+    turn_ends = time.monotonic() + ctx.settings.embedding.turn_s
     models: dict[tuple[str, str], str] = {}
     for doc, _ in items:
         key = (doc.tenant_id, doc.kb_id)
@@ -54,7 +58,7 @@ def run_batch(
     results: list[StageResult | RaglineError | None] = [None] * len(items)
     for model_name in sorted(set(models.values())):
         mine = [i for i, (doc, _) in enumerate(items) if models[(doc.tenant_id, doc.kb_id)] == model_name]
-        outcomes = _run_model_batch(ctx, model_name, [items[i] for i in mine])
+        outcomes = _run_model_batch(ctx, model_name, [items[i] for i in mine], turn_ends)
         for i, outcome in zip(mine, outcomes, strict=True):
             if not isinstance(outcome, RaglineError):
                 outcome.artifact["embedding_model"] = model_name
@@ -63,7 +67,10 @@ def run_batch(
 
 
 def _run_model_batch(
-    ctx: WorkerContext, model_name: str, items: list[tuple[Document, dict[str, Any]]]
+    ctx: WorkerContext,
+    model_name: str,
+    items: list[tuple[Document, dict[str, Any]]],
+    turn_ends: float = math.inf,
 ) -> list[StageResult | RaglineError]:
     settings = for_model(ctx.settings.embedding, model_name)
     model = encoder(settings)
@@ -104,6 +111,8 @@ def _run_model_batch(
         pipe.execute()
         missing += part
         remaining = remaining[len(part) :]
+        if remaining and time.monotonic() >= turn_ends:
+            raise TurnEnded(len(all_texts) - len(remaining), len(all_texts))
     missing_set = set(missing)
     results: list[StageResult | RaglineError] = []
     offset = 0
