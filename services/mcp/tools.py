@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import binascii
+import posixpath
 import time
 import uuid
 from dataclasses import dataclass, replace
@@ -168,6 +169,14 @@ async def get_document_status(
     return await run_in_threadpool(state.catalog.document_status, principal.tenant, kb_id, doc_id)
 
 
+def _text_filename(content: str | None, doc_id: str | None) -> str | None:
+    """The filename of a document sent as text: its doc_id's last part, which its title and search
+    hits show (the type comes from the bytes; a name refines it only within text types)."""
+    if content is None:
+        return None
+    return posixpath.basename(doc_id or "") or "content.txt"
+
+
 async def ingest(
     ctx: ToolContext,
     kb_id: Annotated[str, Field(min_length=1, max_length=128)],
@@ -196,9 +205,7 @@ async def ingest(
     state = services(ctx).state
     upload = _upload(content, content_base64, url, state.settings.api.max_file_bytes)
     if url is None:
-        upload = replace(
-            upload, filename=filename or ("content.txt" if content else None), mime_type=mime_type
-        )
+        upload = replace(upload, filename=filename or _text_filename(content, doc_id), mime_type=mime_type)
     elif filename is not None or mime_type is not None:
         raise RaglineError(
             "filename and mime_type come from the URL's answer; leave them out",

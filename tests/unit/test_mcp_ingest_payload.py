@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from services.mcp.tools import _payload
+from services.mcp.tools import _payload, _text_filename
 from shared.errors import ErrorCode, RaglineError
 
 
@@ -18,3 +18,11 @@ def test_content_with_a_lone_surrogate_is_refused_as_invalid() -> None:
 def test_text_and_base64_content_become_bytes() -> None:
     assert _payload("héron", None, 100) == "héron".encode()
     assert _payload(None, "aMOpcm9u", 100) == "héron".encode()
+
+
+def test_text_takes_its_name_from_its_doc_id() -> None:
+    assert _text_filename("# Notes", "team/notes.md") == "notes.md"
+    assert _text_filename("plain", "note") == "note"
+    assert _text_filename("plain", None) == "content.txt"
+    assert _text_filename("plain", "dir/") == "content.txt"
+    assert _text_filename(None, "report.pdf") is None  # bytes and URLs name themselves
