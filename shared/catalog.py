@@ -20,14 +20,14 @@ from shared.ingest import Ingestor
 from shared.models import DocStatus, Document, KbSettings, KnowledgeBase, Reembed, check_pii_settings
 from shared.queue import enqueue
 from shared.registry import Registry
-from shared.search.chunk_index import delete_kb_chunks, read_chunks
+from shared.search.chunk_index import delete_generations, delete_kb_chunks, read_chunks
 from shared.search.placement import (
     attach_to_default,
     attach_to_own,
     drop_aliases,
     own_indexes,
     resolve_one,
-    write_aliases,
+    write_targets,
 )
 from shared.search.schema import drop_index
 from shared.sources.store import SourceStore
@@ -254,16 +254,14 @@ class Catalog:
         self.sources.drop_kb(tenant_id, kb_id)  # its sources first: a run under way stops
         fairqueue.purge(self.ingestor.broker, tenant_id, kb_id)  # its waiting documents go first
         try:
-            aliases = write_aliases(self.client, self.settings, tenant_id, kb_id)
+            targets = write_targets(self.client, self.settings, tenant_id, kb_id)
         except TransientError:
             # No placement: a create on another model failed between its own index and its alias.
             # Nothing was written through an alias; the own index goes below with the rest.
-            aliases = None
-        if aliases is not None:
-            delete_kb_chunks(self.client, aliases, tenant_id, kb_id)
-        doomed = erasure.kb_documents(self.registry, tenant_id, kb_id)
-        self.registry.delete_kb_records(tenant_id, kb_id)
-        erasure.forget_documents(self.registry, self.ingestor.blobs, doomed)  # artifacts, unshared bytes
+            targets = []
+        if targets:
+            delete_kb_chunks(self.client, ",".join(t.alias for t in targets), tenant_id, kb_id)
+        self._drop_documents(tenant_id, kb_id, [])
         # Indexes of its own go too; the shared index only lost its chunks. The alias goes with
         # its index or after it, and the record last: while it stands, a create of the same id is
         # refused (so a new KB's alias and index are never the ones dropped here), and a delete
@@ -273,9 +271,20 @@ class Catalog:
             drop_index(self.client, ",".join(own))
         drop_aliases(self.client, self.settings, tenant_id, kb_id)
         self.registry.delete_kb(tenant_id, kb_id)
-        # A source added while this ran (its KB still stood) would outlive it and fill a new KB
-        # of the same id; one added from now on finds the KB gone (Sources.add checks again).
+        # A source or a document added while this ran (its KB still stood) would outlive it and
+        # fill a new KB of the same id; one added from now on finds the KB gone (Sources.add and
+        # the Ingestor check again after their write, and take it back).
         self.sources.drop_kb(tenant_id, kb_id)
+        self._drop_documents(tenant_id, kb_id, [t.index for t in targets if t.index not in own])
+
+    def _drop_documents(self, tenant_id: str, kb_id: str, shared_indexes: list[str]) -> None:
+        """Delete the KB's document records, their artifacts and unshared bytes, and, in
+        `shared_indexes`, the chunks those documents have there (a late document's, written after
+        the KB's chunks were deleted)."""
+        doomed = erasure.drop_kb_documents(self.registry, self.ingestor.blobs, tenant_id, kb_id)
+        for index in shared_indexes:
+            for doc in doomed:
+                delete_generations(self.client, index, tenant_id, kb_id, doc.doc_id, keep=None)
 
     def start_reembed(self, tenant_id: str, kb_id: str, model: str) -> KbView:
         """Mark the KB and hand the reembed to a worker (workers/reembed.py); CONFLICT if one runs."""

@@ -54,6 +54,15 @@ def kb_documents(registry: Registry, tenant_id: str, kb_id: str) -> list[Documen
     return registry.kb_records(tenant_id, kb_id, fields)
 
 
+def drop_kb_documents(registry: Registry, blobs: BlobStore, tenant_id: str, kb_id: str) -> list[Document]:
+    """Delete a knowledge base's document records, then their artifacts and the bytes no live
+    record needs; returns the documents deleted."""
+    doomed = kb_documents(registry, tenant_id, kb_id)
+    registry.delete_kb_records(tenant_id, kb_id)
+    forget_documents(registry, blobs, doomed)
+    return doomed
+
+
 def forget_documents(registry: Registry, blobs: BlobStore, docs: list[Document]) -> None:
     """After their records are gone (a knowledge base deleted): their artifacts, and their bytes
     where no live record needs them."""

@@ -40,7 +40,7 @@ from shared.models import (
     utcnow,
 )
 from shared.queue import enqueue, stage_queue
-from shared.registry import Conflict, Registry, Versioned
+from shared.registry import Conflict, NotFound, Registry, Versioned
 
 log = logging.getLogger(__name__)
 
@@ -235,7 +235,7 @@ class Ingestor:
                 )
             except Conflict:
                 continue  # someone else wrote the record in between: read it again
-            except NotOwner:
+            except (NotOwner, NotFound):
                 erasure.release_blob(self.registry, self.blobs, blob.sha256)
                 raise
         raise RaglineError(f"document '{final_id}' is being changed concurrently", code=ErrorCode.CONFLICT)
@@ -291,6 +291,7 @@ class Ingestor:
             doc.outcome = Outcome.CREATED if previous.status == DocStatus.DELETED else Outcome.UPDATED
             stored = self.registry.replace_doc(current, doc)
         outcome = doc.outcome
+        self._kb_stands(stored.doc)
         self.admitter.hold(admission, tenant_id, kb_id, doc_id, doc.content_version)
         self._start(stored)
         return SubmitResult(doc_id, outcome, DocStatus.QUEUED, doc.content_version)
@@ -327,6 +328,7 @@ class Ingestor:
                 continue
             if released is not None:
                 erasure.release_blob(self.registry, self.blobs, released)
+            self._kb_stands(stored.doc)
             self.admitter.hold(admission, tenant_id, kb_id, doc_id, doc.content_version)
             self._start(stored)
             assert doc.outcome is not None
@@ -374,6 +376,7 @@ class Ingestor:
                 stored = self.registry.replace_doc(current, doc)
             except Conflict:
                 continue
+            self._kb_stands(stored.doc)
             self.admitter.hold(admission, tenant_id, kb_id, doc_id, doc.content_version)
             self._start(stored)
             return SubmitResult(doc_id, Outcome.UPDATED, DocStatus.QUEUED, doc.content_version)
@@ -423,6 +426,17 @@ class Ingestor:
         if result.outcome != Outcome.UNCHANGED and replaced not in (None, "", sha256):
             erasure.release_blob(self.registry, self.blobs, replaced)
         return result
+
+    def _kb_stands(self, doc: Document) -> None:
+        """NOT_FOUND, the version just written taken back, when its knowledge base was deleted
+        meanwhile: the deletion's last sweep of the KB's records may have run before this write
+        (shared/catalog.py `delete_kb`), and the record would outlive the KB and show in a new KB
+        of the same id."""
+        try:
+            self.registry.get_kb(doc.tenant_id, doc.kb_id)
+        except NotFound:
+            self.registry.drop_doc(doc)  # its bytes go once no longer pinned (`_store_and_register`)
+            raise
 
     def _start(self, stored: Versioned) -> None:
         doc = stored.doc

@@ -215,6 +215,13 @@ class Registry:
             return None
         return Versioned(Document.model_validate(found["_source"]), found["_seq_no"], found["_primary_term"])
 
+    def drop_doc(self, doc: Document) -> None:
+        """Delete the document's record, whatever its version (its KB is gone: see Ingestor)."""
+        with contextlib.suppress(NotFoundError):
+            self.client.delete(
+                index=self.docs, id=doc_key(doc.tenant_id, doc.kb_id, doc.doc_id), refresh=True
+            )
+
     def require_doc(self, tenant_id: str, kb_id: str, doc_id: str) -> Versioned:
         found = self.get_doc(tenant_id, kb_id, doc_id)
         if found is None:
