@@ -12,6 +12,7 @@ message names the bound, never a key or value: both are caller content.
 from __future__ import annotations
 
 import json
+import math
 from typing import Any
 
 from shared.errors import ErrorCode, RaglineError
@@ -29,6 +30,15 @@ def _refuse(bound: str, problem: str, limit: int) -> RaglineError:
     )
 
 
+def _check_text(text: str) -> None:
+    """A key or a string value: a lone surrogate (an escape `\\ud800` the JSON parser lets by)
+    is no Unicode text, and nothing could store it."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        raise _refuse("value_type", "holds a string that is not Unicode text", 0) from None
+
+
 def _check_keys(value: dict[Any, Any], keys: int) -> None:
     """The keys of one object, `keys` the count so far of every object."""
     if keys > MAX_KEYS:
@@ -36,6 +46,7 @@ def _check_keys(value: dict[Any, Any], keys: int) -> None:
     for key in value:
         if not isinstance(key, str):
             raise _refuse("key_type", "has a key that is not a string", 0)
+        _check_text(key)
         if len(key) > MAX_KEY_CHARS:
             raise _refuse("key_chars", f"has a key longer than {MAX_KEY_CHARS} characters", MAX_KEY_CHARS)
 
@@ -65,7 +76,13 @@ def check_metadata(metadata: object, max_bytes: int) -> dict[str, Any]:
             if len(value) > MAX_LIST_ITEMS:
                 raise _refuse("list_items", f"has a list of more than {MAX_LIST_ITEMS} items", MAX_LIST_ITEMS)
             pending.extend((child, depth + 1) for child in value)
-        elif not (value is None or isinstance(value, str | int | float | bool)):
+        elif isinstance(value, float) and not math.isfinite(value):
+            # NaN, Infinity or a number past a float's range (1e400): no JSON number, and stored
+            # it became null.
+            raise _refuse("value_type", "holds a number that is not finite", 0)
+        elif isinstance(value, str):
+            _check_text(value)
+        elif not (value is None or isinstance(value, int | float | bool)):
             raise _refuse("value_type", "holds a value that is not JSON", 0)
     size = len(json.dumps(metadata, ensure_ascii=False, separators=(",", ":")).encode())
     if size > max_bytes:

@@ -180,3 +180,25 @@ def test_a_json_upload_over_its_limit_is_refused_as_it_streams(
     print(f"peak growth of the API: {growth_mib:.0f} MiB for a {OVER_LIMIT_MIB} MiB JSON body")
     assert growth_mib < MAX_GROWTH_MIB
     assert _blob_files(state_dir) == before_blobs
+
+
+@pytest.mark.parametrize("value", ["NaN", "Infinity", "-Infinity", "1e400", '"\\ud800"'])
+def test_metadata_that_is_no_json_value_is_refused(server: Server, kb: str, value: str) -> None:
+    """Python's JSON parser reads these; stored, the numbers became null and the surrogate a 500."""
+    raw = f'{{"k": {value}}}'
+    with server.client("a_admin") as client:
+        inline = client.post(
+            f"/v1/kbs/{kb}/documents",
+            content=f'{{"content": "Refused.", "doc_id": "nan-json", "metadata": {raw}}}'.encode(),
+            headers={"content-type": "application/json"},
+        )
+        multipart = client.post(
+            f"/v1/kbs/{kb}/documents",
+            files={"files": ("f.txt", b"Refused.")},
+            data={"doc_id": "nan-multipart", "metadata": raw},
+        )
+        for response in (inline, multipart):
+            assert response.status_code == 422, response.text[:500]
+            assert response.json()["code"] == "INVALID_ARGUMENT"
+        for doc_id in ("nan-json", "nan-multipart"):
+            assert client.get(f"/v1/kbs/{kb}/documents/{doc_id}").status_code == 404
