@@ -16,6 +16,7 @@ process-wide cap, for the same reason.
 from __future__ import annotations
 
 import json
+import math
 import re
 from collections import Counter, deque
 from collections.abc import Iterator
@@ -62,8 +63,10 @@ MAX_NUMBER_DIGITS = 4300
 _LONG_NUMBER = re.compile(rf"(?<!\d)\d{{{MAX_NUMBER_DIGITS + 1}}}")
 _BRACKET = re.compile(r"[\[\]{}]")
 REQUEST_CHECK_BYTES = 1 << 20
+# Strings a large body's skeleton keeps: an id, a method, a name is shorter.
+SKELETON_STRING_CHARS = 1024
 # Where a JSON string may hold a surrogate code point: checked for a lone one only then.
-_SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89a-fA-F]")
+_SURROGATE_ESCAPE = re.compile(r"\\u[dD][89a-fA-F]")
 
 
 def unparseable(body: bytes) -> str | None:
@@ -74,11 +77,14 @@ def unparseable(body: bytes) -> str | None:
     past it (a 500 and a stack trace in the log).
     """
     try:
-        text = body.decode("utf-8")
+        return _crash(body.decode("utf-8"))
     except UnicodeDecodeError:
         return "the body is not UTF-8"
-    depth = 0
+
+
+def _crash(text: str) -> str | None:
     outside_strings = _STRING.sub("", text)
+    depth = 0
     for bracket in _BRACKET.finditer(outside_strings):
         depth += 1 if bracket.group() in "[{" else -1
         if depth > MAX_JSON_DEPTH:
@@ -88,28 +94,52 @@ def unparseable(body: bytes) -> str | None:
     return None
 
 
+def _skeleton(text: str) -> str:
+    """The JSON with its long strings emptied (an ingest's content, most of a large body): its
+    structure, numbers, literals and short strings (ids, methods, names) as they were."""
+    return _STRING.sub(_short_or_emptied, text)
+
+
+def _short_or_emptied(found: re.Match[str]) -> str:
+    return found.group() if len(found.group()) <= SKELETON_STRING_CHARS else '""'
+
+
 def rejection(body: bytes) -> tuple[int, str] | None:
     """The JSON-RPC error (code, message) a POSTed body gets before the SDK sees it, or None.
 
-    A body the SDK's parser would crash on gets a parse error (see `unparseable`). A body up to
-    `REQUEST_CHECK_BYTES` is parsed here once: malformed JSON gets the parse error with a null id
-    (the SDK's carried the id "server-error"), and a message the SDK cannot answer gets Invalid
-    Request (see `invalid_request`). A larger body is an ingest's content and left to the SDK:
-    on the event loop, a second parse of 100 MB held every request for most of a second.
+    A body the SDK's parser would crash on gets a parse error (see `unparseable`); so does
+    malformed JSON, NaN, Infinity or a number past a float's range (the SDK carried the id
+    "server-error", or read them as numbers that passed every bound), and a string with a lone
+    surrogate. A message the SDK cannot answer gets Invalid Request (see `invalid_request`). Both
+    come with a null id and quote nothing that was sent. A body over `REQUEST_CHECK_BYTES` (an
+    ingest's content) is checked on its skeleton, its long strings emptied: on the event loop, a
+    second parse of 100 MB held every request for most of a second. What its long strings hold
+    is the tool's to check (`tools.py` `_payload`).
     """
-    if (reason := unparseable(body)) is not None:
-        return PARSE_ERROR, f"Parse error: {reason}"
-    if len(body) > REQUEST_CHECK_BYTES:
-        return None
     try:
-        message = json.loads(body, parse_constant=_no_json_number)
+        text = body.decode("utf-8-sig")  # a BOM is let by, as JSON parsers read bytes
+    except UnicodeDecodeError:
+        return PARSE_ERROR, "Parse error: the body is not UTF-8"
+    if len(body) > REQUEST_CHECK_BYTES:
+        text = _skeleton(text)
+    if (reason := _crash(text)) is not None:
+        return PARSE_ERROR, f"Parse error: {reason}"
+    try:
+        message = json.loads(text, parse_constant=_no_json_number, parse_float=_finite)
     except ValueError as error:
         return PARSE_ERROR, f"Parse error: {error}"
-    if _SURROGATE_ESCAPE.search(body) and _lone_surrogate(message):
+    if _SURROGATE_ESCAPE.search(text) and _lone_surrogate(message):
         return PARSE_ERROR, "Parse error: a string holds a lone surrogate, which is no Unicode text"
     if (reason := invalid_request(message)) is not None:
         return INVALID_REQUEST, f"Invalid Request: {reason}"
     return None
+
+
+def _finite(text: str) -> float:
+    value = float(text)
+    if not math.isfinite(value):
+        raise ValueError(f"{text} is past the range of a number")
+    return value
 
 
 def _no_json_number(name: str) -> object:

@@ -27,6 +27,20 @@ def test_many_runs_just_under_the_bound_are_checked_in_one_pass() -> None:
     assert unparseable(body) is None
 
 
+def _padded(template: bytes) -> bytes:
+    """`template` with its %s filled past the size whose whole the check reads again."""
+    return template.replace(b"%s", b"x" * REQUEST_CHECK_BYTES)
+
+
+def _ingest(content: bytes) -> bytes:
+    """An ingest call whose content (a JSON string) is padded past that size."""
+    pad = b" " * REQUEST_CHECK_BYTES
+    return (
+        b'{"jsonrpc":"2.0","id":3,"method":"tools/call","params":{"name":"ingest","arguments":'
+        b'{"kb_id":"k","doc_id":"d","content":' + content + pad + b"}}}"
+    )
+
+
 @pytest.mark.parametrize(
     ("body", "code"),
     [
@@ -65,6 +79,19 @@ def test_many_runs_just_under_the_bound_are_checked_in_one_pass() -> None:
         (b'{"jsonrpc":"2.0","id":1,"result":"x"}', INVALID_REQUEST),
         (b'{"jsonrpc":"2.0","id":1,"method":"ping","result":{}}', INVALID_REQUEST),
         (b'{"jsonrpc":"2.0","method":"notifications/x","error":{"code":1,"message":"m"}}', INVALID_REQUEST),
+        (b'{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"min_score":1e400}}', PARSE_ERROR),
+        (b'{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"min_score":-1E+999}}', PARSE_ERROR),
+        # Over the size whose whole is read again: the same checks, on its skeleton.
+        (b'{"jsonrpc":"2.0","id":1,' + b" " * REQUEST_CHECK_BYTES, PARSE_ERROR),
+        (_padded(b'{"jsonrpc":"2.0","id":1,"result":"secret","pad":"%s"}'), INVALID_REQUEST),
+        (_padded(b'{"jsonrpc":"2.0","id":1,"error":{"code":"x","message":"%s"}}'), INVALID_REQUEST),
+        (_padded(b'[{"jsonrpc":"2.0","id":1,"method":"ping","params":{"p":"%s"}}]'), INVALID_REQUEST),
+        (_padded(b'{"jsonrpc":"1.0","id":1,"method":"ping","params":{"p":"%s"}}'), INVALID_REQUEST),
+        (_padded(b'{"jsonrpc":"2.0","id":null,"method":"ping","params":{"p":"%s"}}'), INVALID_REQUEST),
+        (_padded(b'{"jsonrpc":"2.0","id":1,"method":"x","result":{},"params":{"p":"%s"}}'), INVALID_REQUEST),
+        (_padded(b'{"jsonrpc":"2.0","id":1,"method":"x","params":{"s":NaN,"p":"%s"}}'), PARSE_ERROR),
+        (_padded(b'{"jsonrpc":"2.0","id":1,"method":"x","params":{"s":1e400,"p":"%s"}}'), PARSE_ERROR),
+        (_ingest(b'"text \\ud800 and more"'), PARSE_ERROR),
     ],
 )
 def test_a_body_the_sdk_would_answer_badly_gets_its_json_rpc_error(body: bytes, code: int) -> None:
@@ -86,8 +113,8 @@ def test_a_body_the_sdk_would_answer_badly_gets_its_json_rpc_error(body: bytes, 
         b'{"jsonrpc":"2.0","id":"r","result":{"roots":[]}}',
         b'{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"q":"NaN Infinity","n":1e308}}',
         b'{"jsonrpc":"2.0","id":7,"error":{"code":-32601,"message":"no","data":[1]}}',
-        # An ingest's content: not parsed a second time on the event loop, whatever it holds.
-        b'{"jsonrpc":"2.0","id":1,' + b" " * REQUEST_CHECK_BYTES,
+        # An ingest's content: only its skeleton is parsed a second time on the event loop.
+        _ingest(b'"' + b"ab[{1e400 NaN" * (REQUEST_CHECK_BYTES // 10) + b'"'),
     ],
     ids=[
         "integer-id",
