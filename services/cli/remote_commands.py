@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import sys
 import time
 from pathlib import Path
@@ -44,7 +45,12 @@ def _remote(server: str | None, api_key: str | None, *, patient: bool = False) -
     url = server or default_server(settings)
     local = is_local_stack(url, settings)
     hint = "; start the local stack with `make up`" if local else "; check --server or RAGLINE_SERVER"
-    return Remote(url, default_key(settings, url, api_key), patient=patient, unreachable_hint=hint)
+    key = default_key(settings, url, api_key)
+    remote = Remote(url, key, patient=patient, unreachable_hint=hint)
+    if key is not None and not api_key and not os.environ.get("RAGLINE_API_KEY"):
+        # The development key: a stack started with another state dir wrote its key elsewhere.
+        remote.key_origin = f"the development key in {settings.state_dir / 'api-keys.json'}"
+    return remote
 
 
 def _call(remote: Remote, method: str, path: str, **kwargs: Any) -> Any:
@@ -63,6 +69,11 @@ def _explain(remote: Remote, error: ApiError) -> str:
     if error.code == "AUTH_ERROR" and not remote.sends_key:
         line += (
             " (pass --api-key or set RAGLINE_API_KEY; the local development key goes only to the local stack)"
+        )
+    elif error.code == "AUTH_ERROR" and remote.key_origin:
+        line += (
+            f" (sent {remote.key_origin}; set RAGLINE_STATE_DIR to the running stack's state dir, "
+            "or pass --api-key)"
         )
     return line
 

@@ -1,0 +1,40 @@
+"""The CLI's development key, read from the state dir, names where it came from when the API
+refuses it: a stack started with another state dir (another checkout's) wrote its key elsewhere,
+and "the API key is not valid" alone left a user who never gave a key guessing."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+from pathlib import Path
+from urllib.parse import urlsplit
+
+import pytest
+
+from tests.e2e.helpers import RAGLINE, Server
+
+pytestmark = pytest.mark.e2e
+
+
+def test_a_refused_development_key_names_its_file(server: Server, tmp_path: Path) -> None:
+    keys = tmp_path / "api-keys.json"
+    keys.write_text(
+        json.dumps([{"name": "local development", "key": "rl_dev_not_this_stacks", "tenant": "t"}])
+    )
+    env = {k: v for k, v in os.environ.items() if k not in ("RAGLINE_API_KEY", "RAGLINE_SERVER")}
+    env |= {"RAGLINE_STATE_DIR": str(tmp_path), "RAGLINE_API__PORT": str(urlsplit(server.url).port)}
+    result = subprocess.run(
+        [RAGLINE, "kb", "list"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+        stdin=subprocess.DEVNULL,
+    )
+    assert result.returncode == 1, (result.stdout, result.stderr)
+    assert result.stderr.startswith("AUTH_ERROR"), result.stderr
+    assert str(keys) in result.stderr
+    assert "RAGLINE_STATE_DIR" in result.stderr
+    assert "rl_dev_not_this_stacks" not in result.stderr
