@@ -101,7 +101,17 @@ def _skeleton(text: str) -> str:
 
 
 def _short_or_emptied(found: re.Match[str]) -> str:
-    return found.group() if len(found.group()) <= SKELETON_STRING_CHARS else '""'
+    """A short string as it is; a long one read (ValueError where it holds a raw control character
+    or a bad escape, as the SDK's parser would) and emptied, or, where it holds a lone surrogate,
+    made a short string that does, which the check after parsing refuses wherever it sits."""
+    literal = found.group()
+    if len(literal) <= SKELETON_STRING_CHARS:
+        return literal
+    try:
+        json.loads(literal).encode("utf-8")
+    except UnicodeEncodeError:
+        return '"\\udfff"'
+    return '""'
 
 
 def rejection(body: bytes) -> tuple[int, str] | None:
@@ -120,11 +130,11 @@ def rejection(body: bytes) -> tuple[int, str] | None:
         text = body.decode("utf-8-sig")  # a BOM is let by, as JSON parsers read bytes
     except UnicodeDecodeError:
         return PARSE_ERROR, "Parse error: the body is not UTF-8"
-    if len(body) > REQUEST_CHECK_BYTES:
-        text = _skeleton(text)
     if (reason := _crash(text)) is not None:
         return PARSE_ERROR, f"Parse error: {reason}"
     try:
+        if len(body) > REQUEST_CHECK_BYTES:
+            text = _skeleton(text)
         message = json.loads(text, parse_constant=_no_json_number, parse_float=_finite)
     except ValueError as error:
         return PARSE_ERROR, f"Parse error: {error}"

@@ -92,6 +92,12 @@ def _ingest(content: bytes) -> bytes:
         (_padded(b'{"jsonrpc":"2.0","id":1,"method":"x","params":{"s":NaN,"p":"%s"}}'), PARSE_ERROR),
         (_padded(b'{"jsonrpc":"2.0","id":1,"method":"x","params":{"s":1e400,"p":"%s"}}'), PARSE_ERROR),
         (_ingest(b'"text \\ud800 and more"'), PARSE_ERROR),
+        # What the SDK's parser refuses in a long string, and a lone surrogate there (a 500).
+        (_padded(b'{"jsonrpc":"2.0","id":"%s\\ud800","method":"ping"}'), PARSE_ERROR),
+        (_padded(b'{"jsonrpc":"2.0","id":1,"method":"%s\\udc00"}'), PARSE_ERROR),
+        (_ingest(b'"' + b"a" * 2000 + b'\n raw"'), PARSE_ERROR),
+        (_ingest(b'"' + b"a" * 2000 + b'\\x"'), PARSE_ERROR),
+        (_ingest(b'"' + b"a" * 2000 + b'\\u12G4"'), PARSE_ERROR),
     ],
 )
 def test_a_body_the_sdk_would_answer_badly_gets_its_json_rpc_error(body: bytes, code: int) -> None:
@@ -115,6 +121,7 @@ def test_a_body_the_sdk_would_answer_badly_gets_its_json_rpc_error(body: bytes, 
         b'{"jsonrpc":"2.0","id":7,"error":{"code":-32601,"message":"no","data":[1]}}',
         # An ingest's content: only its skeleton is parsed a second time on the event loop.
         _ingest(b'"' + b"ab[{1e400 NaN" * (REQUEST_CHECK_BYTES // 10) + b'"'),
+        _ingest(b'"' + b"a" * 2000 + b'\\ud83d\\ude00 \\\\ud800 \\" \\n \xc3\xa9"'),
     ],
     ids=[
         "integer-id",
@@ -128,6 +135,7 @@ def test_a_body_the_sdk_would_answer_badly_gets_its_json_rpc_error(body: bytes, 
         "nan-as-text",
         "client-error-with-data",
         "over-the-check",
+        "over-the-check-escapes",
     ],
 )
 def test_a_message_the_sdk_answers_itself_is_let_by(body: bytes) -> None:
