@@ -28,11 +28,19 @@ internals below change shape, so an upgrade re-checks each patch instead of brea
 5. `limit_sse_posts` swaps `SseServerTransport._post_message_app` (the body limit in front of
    `_handle_post_message`) for the caller's; `low_level_server` is FastMCP's `_mcp_server`, which
    the SSE endpoint runs as the SDK's own `sse_app` does.
+6. `FuncMetadata.pre_parse_json` is replaced (`SDK_PRE_PARSE_JSON` keeps the SDK's): FastMCP read
+   every string argument of a field not typed exactly `str` as JSON, so an `ingest` whose
+   `content` (`str | None`) was a JSON document arrived as an object and was refused, `null` as
+   no content at all, and text nested 3,000 brackets deep raised RecursionError (INTERNAL). A
+   field that takes text keeps what was sent; the others are read as JSON as before, for clients
+   that send a list or an object as a string, where nesting too deep leaves the string as sent.
 """
 
 from __future__ import annotations
 
+import json
 import logging
+import typing
 from collections.abc import Callable, Iterable
 from contextvars import ContextVar
 from typing import Any, TypeVar
@@ -43,6 +51,7 @@ from anyio.abc import TaskStatus
 from mcp.server.auth.middleware.bearer_auth import AuthorizationContext
 from mcp.server.fastmcp import FastMCP
 from mcp.server.fastmcp.exceptions import ResourceError, ToolError
+from mcp.server.fastmcp.utilities.func_metadata import FuncMetadata
 from mcp.server.lowlevel.helper_types import ReadResourceContents
 from mcp.server.lowlevel.server import Server as MCPServer
 from mcp.server.sse import SseServerTransport
@@ -212,3 +221,34 @@ def install_session_manager(mcp: FastMCP[Any], make: Callable[..., SessionsT]) -
 def limit_sse_posts(sse: SseServerTransport, body_limit: BodyLimit, limit: int) -> None:
     """Put `body_limit` in front of the SSE transport's post handler instead of the SDK's (patch 5)."""
     sse._post_message_app = body_limit(sse._handle_post_message, limit)
+
+
+SDK_PRE_PARSE_JSON = FuncMetadata.pre_parse_json
+
+
+def _takes_text(annotation: Any) -> bool:
+    return annotation is str or str in typing.get_args(annotation)
+
+
+def _pre_parse_json(self: FuncMetadata, data: dict[str, Any]) -> dict[str, Any]:
+    """Patch 6: a string argument read as JSON only where its field takes no text."""
+    fields = {}
+    for name, info in self.arg_model.model_fields.items():
+        fields[name] = info
+        if info.alias:
+            fields[info.alias] = info
+    parsed = dict(data)
+    for key, value in data.items():
+        field = fields.get(key)
+        if field is None or not isinstance(value, str) or _takes_text(field.annotation):
+            continue
+        try:
+            loaded = json.loads(value)
+        except (ValueError, RecursionError):
+            continue
+        if isinstance(loaded, dict | list):
+            parsed[key] = loaded
+    return parsed
+
+
+FuncMetadata.pre_parse_json = _pre_parse_json  # type: ignore[method-assign]

@@ -300,3 +300,25 @@ async def test_an_unknown_resource_or_prompt_is_a_json_rpc_error_with_its_code(s
             await session.get_prompt("nothing")
         assert prompt.value.error.code == INVALID_PARAMS
         assert (await call(session, "list_knowledge_bases"))["knowledge_bases"] is not None  # still usable
+
+
+async def test_text_that_reads_as_json_is_ingested_as_text(server: Server) -> None:
+    """FastMCP read a `content` that was JSON as an object (refused), `null` as no content, and
+    text nested deep raised RecursionError (INTERNAL)."""
+    kb = f"kb-{uuid.uuid4().hex[:6]}"
+    texts = {
+        "config.json": '{"name": "harbour", "port": 8080}',
+        "list.json": '["alpha", "beta"]',
+        "null.txt": "null",
+        "deep.txt": "[" * 3000 + "]" * 3000,
+    }
+    async with http_session(server, "a_admin") as session:
+        await call(session, "create_knowledge_base", kb_id=kb, name="configs")
+        for doc_id, content in texts.items():
+            ingested = await call(session, "ingest", kb_id=kb, content=content, doc_id=doc_id)
+            assert ingested["outcome"] == "created", doc_id
+    with server.client("a_admin") as client:
+        for doc_id, content in texts.items():
+            status = client.get(f"/v1/kbs/{kb}/documents/{doc_id}").json()
+            assert status["file_size"] == len(content), (doc_id, status)
+        client.delete(f"/v1/kbs/{kb}")

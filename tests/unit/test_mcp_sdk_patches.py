@@ -35,6 +35,7 @@ SOURCE_SHA256 = {
         "8fcfd8af6de2aa24b90fa3121b9fac541a124333afe46d08b124d3115228a2dd"
     ),
     "FastMCP.call_tool": "4c4cebbae840c98423b6589b4870742d88855426364dfc489ca4112aaf1d9818",
+    "FuncMetadata.pre_parse_json": "9738ca99e7f492cbd3082df3e591ddb72c8f6c4d94ac930e405512be1e07ae56",
 }
 
 
@@ -66,6 +67,7 @@ def test_the_copied_and_replaced_sdk_methods_are_unchanged() -> None:
             StreamableHTTPSessionManager._handle_stateless_request
         ),
         "FastMCP.call_tool": _digest(FastMCP.call_tool),
+        "FuncMetadata.pre_parse_json": _digest(sdk_patches.SDK_PRE_PARSE_JSON),
     }
     assert actual == SOURCE_SHA256
 
@@ -146,3 +148,21 @@ def test_the_sse_transport_posts_through_the_app_the_patch_swaps() -> None:
     assert "self._post_message_app(scope, receive, send)" in inspect.getsource(
         SseServerTransport.handle_post_message
     )
+
+
+def test_text_arguments_keep_what_was_sent_and_the_rest_are_read_as_json() -> None:
+    mcp: FastMCP[Any] = FastMCP(name="pre-parse")
+
+    def tool(content: str | None = None, name: str = "", tags: list[str] | None = None) -> str:
+        return ""
+
+    mcp.add_tool(tool)
+    metadata = mcp._tool_manager.get_tool("tool").fn_metadata  # type: ignore[union-attr]
+    deep = "[" * 3000 + "]" * 3000
+    assert FuncMetadata.pre_parse_json is not sdk_patches.SDK_PRE_PARSE_JSON
+    assert metadata.pre_parse_json({"content": '{"port": 8080}', "name": "[1]", "tags": '["a", "b"]'}) == {
+        "content": '{"port": 8080}',
+        "name": "[1]",
+        "tags": ["a", "b"],
+    }
+    assert metadata.pre_parse_json({"content": "null", "tags": deep}) == {"content": "null", "tags": deep}
