@@ -123,6 +123,19 @@ def wait_until(condition: Any, attempts: int = 60) -> None:
 RAGLINE = str(Path(sys.executable).parent / "ragline")
 
 
+def run_cli(args: list[str], env: dict[str, str]) -> subprocess.CompletedProcess[str]:
+    """The `ragline` CLI as a user runs it, with no terminal, its output captured."""
+    return subprocess.run(
+        [RAGLINE, *args],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+        stdin=subprocess.DEVNULL,
+    )
+
+
 def free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))

@@ -6,13 +6,12 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
 from pathlib import Path
 from urllib.parse import urlsplit
 
 import pytest
 
-from tests.e2e.helpers import RAGLINE, Server
+from tests.e2e.helpers import Server, run_cli
 
 pytestmark = pytest.mark.e2e
 
@@ -24,15 +23,7 @@ def test_a_refused_development_key_names_its_file(server: Server, tmp_path: Path
     )
     env = {k: v for k, v in os.environ.items() if k not in ("RAGLINE_API_KEY", "RAGLINE_SERVER")}
     env |= {"RAGLINE_STATE_DIR": str(tmp_path), "RAGLINE_API__PORT": str(urlsplit(server.url).port)}
-    result = subprocess.run(
-        [RAGLINE, "kb", "list"],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
-        stdin=subprocess.DEVNULL,
-    )
+    result = run_cli(["kb", "list"], env)
     assert result.returncode == 1, (result.stdout, result.stderr)
     assert result.stderr.startswith("AUTH_ERROR"), result.stderr
     assert str(keys) in result.stderr

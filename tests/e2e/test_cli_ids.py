@@ -13,7 +13,7 @@ from urllib.parse import urlsplit
 import httpx
 import pytest
 
-from tests.e2e.helpers import RAGLINE, Server
+from tests.e2e.helpers import Server, run_cli
 
 pytestmark = pytest.mark.e2e
 
@@ -22,15 +22,7 @@ ODD_IDS = ["q?a=1#frag", "dir/with space/100%.txt", "%2F..%2F"]
 
 def _doc(server: Server, *args: str) -> subprocess.CompletedProcess[str]:
     env = {**os.environ, "RAGLINE_API_KEY": server.keys["a_admin"]}
-    return subprocess.run(
-        [RAGLINE, "doc", *args, "--server", server.url],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
-        stdin=subprocess.DEVNULL,
-    )
+    return run_cli(["doc", *args, "--server", server.url], env)
 
 
 @pytest.fixture

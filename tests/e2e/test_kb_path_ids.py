@@ -13,22 +13,14 @@ from urllib.parse import urlsplit
 import httpx
 import pytest
 
-from tests.e2e.helpers import RAGLINE, Server
+from tests.e2e.helpers import Server, run_cli
 
 pytestmark = pytest.mark.e2e
 
 
 def _ragline(server: Server, *args: str) -> subprocess.CompletedProcess[str]:
     env = {**os.environ, "RAGLINE_API_KEY": server.keys["a_admin"]}
-    return subprocess.run(
-        [RAGLINE, *args, "--server", server.url],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
-        stdin=subprocess.DEVNULL,
-    )
+    return run_cli([*args, "--server", server.url], env)
 
 
 def _raw(server: Server, method: str, path: str) -> tuple[int, dict[str, object]]:
