@@ -171,10 +171,12 @@ async def get_document_status(
 
 def _text_filename(content: str | None, doc_id: str | None) -> str | None:
     """The filename of a document sent as text: its doc_id's last part, which its title and search
-    hits show (the type comes from the bytes; a name refines it only within text types)."""
-    if content is None:
+    hits show (the type comes from the bytes; a name refines it only within text types). Without a
+    doc_id, none: the id then comes from the content's hash, where one fixed name made every such
+    call replace the last one."""
+    if content is None or doc_id is None:
         return None
-    return posixpath.basename(doc_id or "") or "content.txt"
+    return posixpath.basename(doc_id) or None
 
 
 async def ingest(
@@ -195,7 +197,12 @@ async def ingest(
     filename: Annotated[str | None, Field(max_length=255, description="Helps tell Markdown and CSV.")] = None,
     mime_type: Annotated[str | None, Field(max_length=200)] = None,
     doc_id: Annotated[
-        str | None, Field(min_length=1, max_length=200, description="Default: from filename or URL.")
+        str | None,
+        Field(
+            min_length=1,
+            max_length=200,
+            description="Default: from filename or URL, else from the content (the same text, the same id).",
+        ),
     ] = None,
     metadata: Annotated[dict[str, Any] | None, Field(description="Filterable metadata.")] = None,
     wait_seconds: Annotated[float, Field(ge=0, le=600, description="Wait up to this long for ready.")] = 0,

@@ -8,6 +8,7 @@ import json
 import os
 import secrets
 import sys
+import time
 import uuid
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -321,4 +322,26 @@ async def test_text_that_reads_as_json_is_ingested_as_text(server: Server) -> No
         for doc_id, content in texts.items():
             status = client.get(f"/v1/kbs/{kb}/documents/{doc_id}").json()
             assert status["file_size"] == len(content), (doc_id, status)
+        client.delete(f"/v1/kbs/{kb}")
+
+
+async def test_texts_sent_without_a_name_do_not_replace_each_other(server: Server) -> None:
+    """Every text without a doc_id or filename was `content.txt`: each call replaced the last."""
+    kb = f"kb-{uuid.uuid4().hex[:6]}"
+    async with http_session(server, "a_admin") as session:
+        await call(session, "create_knowledge_base", kb_id=kb, name="notes")
+        first = await call(session, "ingest", kb_id=kb, content="The first agent note.")
+        second = await call(session, "ingest", kb_id=kb, content="The second agent note.")
+        again = await call(session, "ingest", kb_id=kb, content="The first agent note.")
+    assert (first["outcome"], second["outcome"]) == ("created", "created")
+    assert first["doc_id"] != second["doc_id"]
+    assert (again["doc_id"], again["outcome"]) == (first["doc_id"], "unchanged")
+    with server.client("a_admin") as client:
+        for doc_id in (first["doc_id"], second["doc_id"]):
+            assert client.get(f"/v1/kbs/{kb}/documents/{doc_id}").status_code == 200
+        deadline = time.monotonic() + 30  # the list is near real time
+        while (count := len(client.get(f"/v1/kbs/{kb}/documents").json()["documents"])) < 2:
+            assert time.monotonic() < deadline, count
+            time.sleep(0.5)
+        assert count == 2
         client.delete(f"/v1/kbs/{kb}")

@@ -23,6 +23,6 @@ def test_text_and_base64_content_become_bytes() -> None:
 def test_text_takes_its_name_from_its_doc_id() -> None:
     assert _text_filename("# Notes", "team/notes.md") == "notes.md"
     assert _text_filename("plain", "note") == "note"
-    assert _text_filename("plain", None) == "content.txt"
-    assert _text_filename("plain", "dir/") == "content.txt"
+    assert _text_filename("plain", None) is None  # the id comes from the content's hash
+    assert _text_filename("plain", "dir/") is None
     assert _text_filename(None, "report.pdf") is None  # bytes and URLs name themselves
