@@ -261,7 +261,7 @@ class Catalog:
             targets = []
         if targets:
             delete_kb_chunks(self.client, ",".join(t.alias for t in targets), tenant_id, kb_id)
-        self._drop_documents(tenant_id, kb_id, [])
+        self._drop_documents(tenant_id, kb_id, [], final=False)
         # Indexes of its own go too; the shared index only lost its chunks. The alias goes with
         # its index or after it, and the record last: while it stands, a create of the same id is
         # refused (so a new KB's alias and index are never the ones dropped here), and a delete
@@ -275,13 +275,13 @@ class Catalog:
         # fill a new KB of the same id; one added from now on finds the KB gone (Sources.add and
         # the Ingestor check again after their write, and take it back).
         self.sources.drop_kb(tenant_id, kb_id)
-        self._drop_documents(tenant_id, kb_id, [t.index for t in targets if t.index not in own])
+        self._drop_documents(tenant_id, kb_id, [t.index for t in targets if t.index not in own], final=True)
 
-    def _drop_documents(self, tenant_id: str, kb_id: str, shared_indexes: list[str]) -> None:
+    def _drop_documents(self, tenant_id: str, kb_id: str, shared_indexes: list[str], *, final: bool) -> None:
         """Delete the KB's document records, their artifacts and unshared bytes, and, in
         `shared_indexes`, the chunks those documents have there (a late document's, written after
         the KB's chunks were deleted)."""
-        doomed = erasure.drop_kb_documents(self.registry, self.ingestor.blobs, tenant_id, kb_id)
+        doomed = erasure.drop_kb_documents(self.registry, self.ingestor.blobs, tenant_id, kb_id, final=final)
         for index in shared_indexes:
             for doc in doomed:
                 delete_generations(self.client, index, tenant_id, kb_id, doc.doc_id, keep=None)

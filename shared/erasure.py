@@ -48,17 +48,14 @@ def drop_artifacts(blobs: BlobStore, doc: Document) -> None:
     blobs.drop_artifacts(version_artifact_keys(doc.tenant_id, doc.kb_id, doc.doc_id, versions))
 
 
-def kb_documents(registry: Registry, tenant_id: str, kb_id: str) -> list[Document]:
-    """Every record of a knowledge base, as much of each as erasing it needs."""
-    fields = ["tenant_id", "kb_id", "doc_id", "content_version", "content_hash", "file_size"]
-    return registry.kb_records(tenant_id, kb_id, fields)
-
-
-def drop_kb_documents(registry: Registry, blobs: BlobStore, tenant_id: str, kb_id: str) -> list[Document]:
+def drop_kb_documents(
+    registry: Registry, blobs: BlobStore, tenant_id: str, kb_id: str, *, final: bool
+) -> list[Document]:
     """Delete a knowledge base's document records, then their artifacts and the bytes no live
-    record needs; returns the documents deleted."""
-    doomed = kb_documents(registry, tenant_id, kb_id)
-    registry.delete_kb_records(tenant_id, kb_id)
+    record needs; returns the documents deleted (`Registry.delete_kb_records` says what `final`
+    changes)."""
+    fields = ["tenant_id", "kb_id", "doc_id", "content_version", "content_hash", "file_size"]
+    doomed = registry.delete_kb_records(tenant_id, kb_id, fields, final=final)
     forget_documents(registry, blobs, doomed)
     return doomed
 

@@ -11,6 +11,7 @@ re-reads.
 from __future__ import annotations
 
 import contextlib
+import time
 from collections.abc import Callable, Iterator
 from contextvars import ContextVar
 from dataclasses import dataclass
@@ -37,9 +38,12 @@ class NotFound(RaglineError):
 
 
 KB_WRITE_ATTEMPTS = 5
-DELETE_ROUNDS = 5  # delete_by_query passes over a KB's records while workers still write some
+# How long a KB's last sweep deletes only the versions it read: past it, a writer that keeps
+# changing a record loses it anyway (`Registry.delete_kb_records`).
+FENCED_SWEEP_S = 10.0
 _GONE = [DocStatus.DELETING.value, DocStatus.DELETED.value]
 _PAGE = 500  # records read in one search
+_SWEEP_PAUSE_S = 0.05
 
 
 def _check_model_change(current: KnowledgeBase, updated: KnowledgeBase) -> None:
@@ -386,27 +390,6 @@ class Registry:
         response = self.client.search(index=self.docs, body={"size": 0, "query": live, "aggs": {"h": hashes}})
         return {str(bucket["key"]) for bucket in response["aggregations"]["h"]["buckets"]}
 
-    def kb_records(self, tenant_id: str, kb_id: str, fields: list[str]) -> list[Document]:
-        """Every record of a knowledge base with `fields` only, those written a moment ago too."""
-        scope = _kb_scope(tenant_id, kb_id)
-        docs: list[Document] = []
-        after: list[Any] | None = None
-        self.refresh_docs()
-        while True:
-            body: dict[str, Any] = {
-                "size": _PAGE,
-                "query": scope,
-                "sort": [{"doc_id": "asc"}],
-                "_source": fields,
-            }
-            if after is not None:
-                body["search_after"] = after
-            hits = self.client.search(index=self.docs, body=body)["hits"]["hits"]
-            docs += [Document.model_validate(hit["_source"]) for hit in hits]
-            if len(hits) < _PAGE:
-                return docs
-            after = hits[-1]["sort"]
-
     def source_documents(self, tenant_id: str, kb_id: str, source_id: str) -> dict[str, DocStatus]:
         """The status of every document a source brought, by doc_id (written a moment ago too)."""
         query = {
@@ -454,18 +437,68 @@ class Registry:
                 return
             after = hits[-1]["sort"]
 
-    def delete_kb_records(self, tenant_id: str, kb_id: str) -> None:
-        """Delete the KB's document records, those written just before (not yet searchable) and
-        those a worker was updating meanwhile (a version conflict skips them) included."""
+    def delete_kb_records(
+        self, tenant_id: str, kb_id: str, fields: list[str], *, final: bool
+    ) -> list[Document]:
+        """Delete the KB's document records, those written a moment ago too, and return each as
+        it was when deleted (`fields` only), so its artifacts and bytes can go with it.
+
+        Each delete names the version read, so what is returned is what went; a record a writer
+        changed meanwhile is read again on the next pass. A first sweep, while the KB stands and
+        may still take uploads, makes one pass and leaves such records to the final one. The final
+        sweep runs once the KB record is gone, when a writer only fails (its write names a version
+        that is gone) or takes back what it wrote (shared/ingest.py `_kb_stands`): it passes until
+        no record is left, and after FENCED_SWEEP_S deletes whatever version it finds, so a writer
+        that keeps winning cannot make the deletion fail half done.
+        """
+        deleted: list[Document] = []
+        fenced_until = time.monotonic() + FENCED_SWEEP_S
+        while True:
+            found, gone = self._delete_pass(tenant_id, kb_id, fields, fenced=time.monotonic() < fenced_until)
+            deleted += gone
+            if not final or not found:
+                return deleted
+            if len(gone) < found:
+                time.sleep(_SWEEP_PAUSE_S)  # a writer is between its read and its write
+
+    def _delete_pass(
+        self, tenant_id: str, kb_id: str, fields: list[str], *, fenced: bool
+    ) -> tuple[int, list[Document]]:
+        """One pass over the KB's records, page by page: how many were found, and those deleted."""
         scope = _kb_scope(tenant_id, kb_id)
-        for _ in range(DELETE_ROUNDS):
-            self.refresh_docs()
-            done = self.client.delete_by_query(
-                index=self.docs, body={"query": scope}, refresh=True, conflicts="proceed"
-            )
-            if not done.get("version_conflicts"):
-                return
-        raise Conflict("the knowledge base's documents are being changed; retry")
+        found, deleted = 0, []
+        after: list[Any] | None = None
+        self.refresh_docs()
+        while True:
+            body: dict[str, Any] = {
+                "size": _PAGE,
+                "query": scope,
+                "sort": [{"doc_id": "asc"}],
+                "_source": fields,
+                "seq_no_primary_term": True,
+                **({"search_after": after} if after is not None else {}),
+            }
+            hits = self.client.search(index=self.docs, body=body)["hits"]["hits"]
+            found += len(hits)
+            if hits:
+                actions = [{"delete": _delete_action(self.docs, hit, fenced)} for hit in hits]
+                items = self.client.bulk(body=actions, refresh=True)["items"]
+                deleted += [
+                    Document.model_validate(hit["_source"])
+                    for hit, item in zip(hits, items, strict=True)
+                    if item["delete"].get("result") == "deleted"
+                ]
+            if len(hits) < _PAGE:
+                return found, deleted
+            after = hits[-1]["sort"]
+
+
+def _delete_action(index: str, hit: dict[str, Any], fenced: bool) -> dict[str, Any]:
+    """A bulk delete of a record read as `hit`; `fenced`: only while it still is that version."""
+    action = {"_index": index, "_id": hit["_id"]}
+    if fenced:
+        action |= {"if_seq_no": hit["_seq_no"], "if_primary_term": hit["_primary_term"]}
+    return action
 
 
 def _kb_scope(tenant_id: str, kb_id: str) -> dict[str, Any]:
