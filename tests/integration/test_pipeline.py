@@ -182,6 +182,19 @@ def _search_text(
     return [h["_source"] for h in opensearch.search(index=chunks_alias(settings), body=body)["hits"]["hits"]]
 
 
+def test_json_is_titled_by_its_name_and_its_nested_keys_are_words(
+    corpus: tuple[KnowledgeBase, dict[str, Any]], opensearch: OpenSearch, settings: Settings
+) -> None:
+    """A JSON file was titled after its first key, and `service.port` was one token: a keyword
+    search for `port` missed it."""
+    kb, _ = corpus
+    chunks = chunks_of(opensearch, settings, kb, "config.json")
+    assert {chunk["title"] for chunk in chunks} == {"config"}
+    found = {hit["doc_id"] for hit in _search_text(opensearch, settings, kb, "port")}
+    assert "config.json" in found
+    assert any("port: 8443" in chunk["text"] for chunk in chunks)
+
+
 def test_same_bytes_are_unchanged_and_new_bytes_replace_the_old_version(
     registry: Registry, ingestor: Ingestor, opensearch: OpenSearch, settings: Settings
 ) -> None:

@@ -121,18 +121,22 @@ def test_a_refused_file_is_refused_by_the_lean_sandbox(servers: Servers, tmp_pat
 def test_json_reads_as_sections_of_path_value_lines_and_leaves_no_garbage() -> None:
     """A resident server keeps what a reference cycle holds until a full collection: the JSON
     walk made one for every document."""
-    text = '{"a": {"b": 1, "c": [2, {"d": "x y"}]}, "e": null, "f": " ", "g": [true]}'
+    big = "1" * 21  # past 64 bits
+    text = '{"a": {"b": 1, "c": [2, {"d": "x y"}]}, "e": null, "f": " ", "g": [true, 1e3, 2.5, ' + big + "]}"
     gc.collect()
     gc.disable()
     try:
         elements = parse._json(text)
         assert [(e["type"], e["text"], e.get("category_depth")) for e in elements] == [
             ("Title", "a", 1),
-            ("NarrativeText", "a.b: 1", None),
-            ("NarrativeText", "a.c[0]: 2", None),
-            ("Title", "a.c[1]", 2),
-            ("NarrativeText", "a.c[1].d: x y", None),
-            ("NarrativeText", "g[0]: True", None),
+            ("NarrativeText", "a › b: 1", None),
+            ("NarrativeText", "a › c[0]: 2", None),
+            ("Title", "a › c[1]", 2),
+            ("NarrativeText", "a › c[1] › d: x y", None),
+            ("NarrativeText", "g[0]: true", None),
+            ("NarrativeText", "g[1]: 1000.0", None),
+            ("NarrativeText", "g[2]: 2.5", None),
+            ("NarrativeText", f"g[3]: {big}", None),
         ]
         del elements
         assert gc.collect() == 0

@@ -234,8 +234,14 @@ def _pdf(path: Path, ocr: bool) -> list[Element]:
     return elements
 
 
+# Between the keys of a JSON path: spaced, so each key is a word of its own to keyword search
+# (the standard tokenizer keeps `server.port` as one token, and a search for `port` missed it).
+_JSON_PATH_SEPARATOR = " › "
+
+
 def _json(text: str) -> list[Element]:
-    """JSON as `path: value` lines; objects become sections headed by their key."""
+    """JSON as `path: value` lines, values spelled as JSON spells them (`true`, not Python's
+    `True`); objects become sections headed by their path."""
     out: list[Element] = []
     # A stack, not a recursive closure: the closure's reference to itself made a cycle that kept
     # every document's elements until a full collection, which a resident server rarely runs.
@@ -245,13 +251,20 @@ def _json(text: str) -> list[Element]:
         if isinstance(value, dict):
             if path:
                 out.append(element(path, "Title", depth=depth))
-            keys = [(item, f"{path}.{key}" if path else str(key), depth + 1) for key, item in value.items()]
+            keys = [
+                (item, f"{path}{_JSON_PATH_SEPARATOR}{key}" if path else str(key), depth + 1)
+                for key, item in value.items()
+            ]
             pending += reversed(keys)
         elif isinstance(value, list):
             pending += reversed([(item, f"{path}[{index}]", depth) for index, item in enumerate(value)])
-        elif value is not None and str(value).strip():
-            out.append(element(f"{path}: {value}" if path else str(value), "NarrativeText"))
+        elif value is not None and (shown := _json_scalar(value)).strip():
+            out.append(element(f"{path}: {shown}" if path else shown, "NarrativeText"))
     return out
+
+
+def _json_scalar(value: str | bool | int | float) -> str:
+    return value if isinstance(value, str) else json.dumps(value)
 
 
 def _csv(text: str) -> list[Element]:
@@ -488,7 +501,9 @@ def run(ctx: WorkerContext, doc: Document, blob_path: Path) -> StageResult:
     kind, elements = FileKind(parsed["kind"]), parsed["elements"]
     if not elements:
         raise PermanentError("no text could be extracted from the file", code=ErrorCode.EMPTY_DOCUMENT)
-    title = next((e["text"] for e in elements if e["type"] == "Title"), None)
+    # The headings of JSON and CSV are keys and columns, no title: their file name says more.
+    headed = kind not in (FileKind.JSON, FileKind.CSV)
+    title = next((e["text"] for e in elements if e["type"] == "Title"), None) if headed else None
     return StageResult(
         artifact={"mime_type": kind.value, "elements": elements, "title_hint": title},
         updates={"mime_type": kind.value},
