@@ -12,6 +12,7 @@ from typing import Annotated, Any
 import typer
 from rich.console import Console
 from rich.table import Table
+from rich.text import Text
 
 from client.bulk import load, summary_table, walk
 from client.http import ApiError, Remote, api_path, default_key, default_server, is_local_stack
@@ -98,8 +99,14 @@ def _print(
     for column in columns:
         table.add_column(column)
     for row in rows:
-        table.add_row(*[str(row.get(c, "")) for c in columns])
+        table.add_row(*[_cell(row.get(c)) for c in columns])
     console.print(table)
+
+
+def _cell(value: Any) -> Text:
+    """A value as printed: nothing for none (not `None`), and as written, never read as markup
+    (an id like `[red]notes` lost its brackets)."""
+    return Text("" if value is None else str(value))
 
 
 @kb_app.command("create")

@@ -67,3 +67,14 @@ def test_search_shows_a_page_column_only_for_paged_hits(
     hits[0]["page_num"] = 3
     remote_commands.search("query")
     assert printed == [["score", "kb_id", "doc_id", "text"], ["score", "kb_id", "doc_id", "page_num", "text"]]
+
+
+def test_a_table_prints_nothing_for_none_and_ids_as_written(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setattr(remote_commands, "console", Console(width=120))
+    row = {"source_id": "[red]notes", "next_run_at": None, "name": "x"}
+    remote_commands._print([row], False, ["source_id", "name", "next_run_at"], [row])
+    out = capsys.readouterr().out
+    assert "[red]notes" in out
+    assert "None" not in out
