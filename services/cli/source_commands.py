@@ -235,7 +235,11 @@ def _run_line(run: dict[str, Any]) -> str:
     shown = ", ".join(f"{k} {v}" for k, v in counts.items() if v)
     duration = f" in {run['duration_s']} s" if run.get("duration_s") is not None else ""
     error = f" ({run['error']['code']}: {run['error']['message']})" if run.get("error") else ""
-    return f"{run['status']}: listed {run.get('listed', 0)}{'; ' + shown if shown else ''}{duration}{error}"
+    # A run succeeds when it went through its listing; items of it may still have failed.
+    status = (
+        "ended with failed items" if run["status"] == "succeeded" and counts.get("failed") else run["status"]
+    )
+    return f"{status}: listed {run.get('listed', 0)}{'; ' + shown if shown else ''}{duration}{error}"
 
 
 def _finish(run: dict[str, Any], as_json: bool) -> None:

@@ -78,3 +78,10 @@ def test_a_table_prints_nothing_for_none_and_ids_as_written(
     out = capsys.readouterr().out
     assert "[red]notes" in out
     assert "None" not in out
+
+
+def test_a_run_whose_items_failed_does_not_read_as_a_success() -> None:
+    run = {"run_id": "r1", "status": "succeeded", "listed": 3, "counts": {"created": 2, "failed": 1}}
+    line = source_commands._run_line(run)
+    assert line.startswith("ended with failed items: listed 3; created 2, failed 1")
+    assert source_commands._run_line({**run, "counts": {"created": 3}}).startswith("succeeded: listed 3")
