@@ -18,6 +18,8 @@ from contextvars import ContextVar
 from datetime import UTC, datetime
 from typing import Any, Literal
 
+import anyio
+
 from shared.config import Settings
 
 FIELDS = ("request_id", "tenant", "kb", "doc_id", "stage")
@@ -117,6 +119,24 @@ class TextFormatter(logging.Formatter):
         return self.redact(f"{text} [{fields}]" if fields else text)
 
 
+class ExpectedNoise(logging.Filter):
+    """Drops what dependencies log as trouble when nothing is wrong, so the log holds events:
+    - the MCP SDK's "Error in standalone SSE writer" traceback when a client ends its session
+      (its stream is closed under the writer: `ClosedResourceError`), at every SDK client's exit;
+    - Presidio's warning for each recognizer of a language Ragline does not load, at every
+      worker start."""
+
+    _CLOSED = (anyio.ClosedResourceError, anyio.BrokenResourceError)
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.name == "mcp.server.streamable_http" and record.msg == "Error in standalone SSE writer":
+            error = record.exc_info[1] if record.exc_info else None
+            return not isinstance(error, self._CLOSED)
+        if record.name == "presidio-analyzer":
+            return not str(record.msg).startswith("Recognizer not added to registry because language")
+        return True
+
+
 def secret_values(settings: Settings) -> list[str]:
     """The configured secrets, so a line that happens to contain one shows it redacted."""
     values = [key.key.get_secret_value() for key in settings.auth.api_keys]
@@ -138,6 +158,7 @@ def configure(
     handler = logging.StreamHandler(sys.stderr)
     handler.setFormatter(JsonFormatter(service, redact) if fmt == "json" else TextFormatter(redact))
     handler.addFilter(ContextFilter())
+    handler.addFilter(ExpectedNoise())
     root = logging.getLogger()
     for old in list(root.handlers):
         root.removeHandler(old)
@@ -149,4 +170,6 @@ def configure(
     # The MCP SDK logs every request it receives ("Processing request of type ..."): a stdio
     # client's stderr, and the API's log, would hold a line per call and nothing more.
     logging.getLogger("mcp.server.lowlevel.server").setLevel(max(root.level, logging.WARNING))
+    # Presidio logs a line for each recognizer it loads, about 40 at each worker start.
+    logging.getLogger("presidio-analyzer").setLevel(max(root.level, logging.WARNING))
     return handler

@@ -9,6 +9,7 @@ import logging
 import threading
 from collections.abc import Iterator
 
+import anyio
 import pytest
 from starlette.applications import Starlette
 from starlette.requests import Request
@@ -166,3 +167,22 @@ def test_the_request_id_is_taken_or_made_and_echoed() -> None:
     assert made.text == made.headers[HEADER]
     assert refused.headers[HEADER] != "no spaces allowed"
     assert len(refused.headers[HEADER]) == 32
+
+
+def _record(name: str, msg: str, error: BaseException | None = None) -> logging.LogRecord:
+    exc_info = (type(error), error, None) if error is not None else None
+    return logging.LogRecord(name, logging.ERROR, __file__, 1, msg, None, exc_info)
+
+
+def test_expected_noise_is_dropped_and_real_trouble_kept() -> None:
+    noise = logs.ExpectedNoise()
+    sse = "Error in standalone SSE writer"
+    closed = _record("mcp.server.streamable_http", sse, anyio.ClosedResourceError())
+    assert not noise.filter(closed)  # a client ended its session
+    assert noise.filter(_record("mcp.server.streamable_http", sse, RuntimeError("boom")))
+    skipped = (
+        "Recognizer not added to registry because language is not supported by registry - EsNifRecognizer"
+    )
+    assert not noise.filter(_record("presidio-analyzer", skipped))
+    assert noise.filter(_record("presidio-analyzer", "Entity PERSON is not supported"))
+    assert noise.filter(_record("ragline.test", sse, anyio.ClosedResourceError()))
