@@ -18,9 +18,13 @@ say "demo: corpus $CORPUS ($(find "$CORPUS" -name '*.html' | wc -l) HTML pages)"
 
 bash "$HERE/stack.sh" up
 RAGLINE=$VENV/bin/ragline
-"$RAGLINE" kb create "$KB" --name "SQLite documentation" \
-  --description "The SQLite manual: SQL syntax, C API, pragmas, file format" \
-  --pii-policy off >/dev/null 2>&1 || true  # a public manual: no personal data to redact
+# A public manual: no personal data to redact. A KB left by an earlier demo is reused; any other
+# refusal (a key from another state dir, the API down) stops the demo with the CLI's message.
+if ! created=$("$RAGLINE" kb create "$KB" --name "SQLite documentation" \
+  --description "The SQLite manual: SQL syntax, C API, pragmas, file format" --pii-policy off 2>&1); then
+  grep -q '^CONFLICT:' <<<"$created" || die "demo: could not create the knowledge base: $created"
+  say "demo: knowledge base $KB exists; loading into it (unchanged files are skipped)"
+fi
 # A load that fails some documents still demonstrates the job; the summary lists them.
 "$RAGLINE" ingest "$CORPUS" --kb "$KB" --recursive --glob '*.html' --concurrency 4 || true
 "$VENV/bin/python" "$HERE/demo_mcp.py" "$KB"
