@@ -54,6 +54,9 @@ start() {
   local metrics="metrics off"
   [ "$port" = 0 ] || metrics="metrics http://127.0.0.1:$port/metrics"
   say "$NAME: ready (pid $(cat "$PIDFILE"), log $LOG, $metrics${QUEUES:+, queues $QUEUES})"
+  # Its pool processes load the models before their first task: documents sent meanwhile show
+  # `queued`, which read as stuck.
+  say "$NAME: loading the models; documents wait as queued until \"pool process warmed up\" in the log"
 }
 
 stop() { stop_pidfile "$PIDFILE" "$NAME" 60; }
