@@ -19,8 +19,8 @@ from shared.errors import ErrorCode, RaglineError, TransientError
 from shared.ingest import Ingestor
 from shared.models import DocStatus, Document, KbSettings, KnowledgeBase, Reembed, check_pii_settings
 from shared.queue import enqueue
-from shared.registry import Registry
-from shared.search.chunk_index import delete_generations, delete_kb_chunks, read_chunks
+from shared.registry import Registry, kb_key
+from shared.search.chunk_index import delete_kb_chunks, read_chunks
 from shared.search.placement import (
     attach_to_default,
     attach_to_own,
@@ -31,9 +31,12 @@ from shared.search.placement import (
 )
 from shared.search.schema import drop_index
 from shared.sources.store import SourceStore
+from shared.stripe_locks import StripeLocks
 
 TERMINAL = [DocStatus.READY.value, DocStatus.FAILED.value, DocStatus.DELETED.value]
 REEMBED_TASK = "ragline.reembed"
+# How long a create or a delete of a KB waits for a delete of the same id under way, then UNAVAILABLE.
+KB_LOCK_WAIT_S = 30.0
 
 
 class KbView(BaseModel):
@@ -150,6 +153,15 @@ class Catalog:
         self.ingestor = ingestor
         self.client = registry.client
         self.sources = SourceStore(registry.client, settings)
+        # A KB's create and its delete, one at a time: a deletion sweeps by tenant and KB id after
+        # the KB record is gone, and would take the documents of a new KB of the same id.
+        self.kb_locks = StripeLocks(
+            ingestor.broker,
+            "ragline:kb-lifecycle",
+            wait_s=KB_LOCK_WAIT_S,
+            poll_s=0.05,
+            busy="the knowledge base is being deleted; retry shortly",
+        )
 
     def view(self, kb: KnowledgeBase, counts: tuple[int, int]) -> KbView:
         return KbView(
@@ -203,15 +215,16 @@ class Catalog:
             embedding_model=model,
             embedding_dimension=dimension,
         )
-        self.registry.create_kb(kb)
-        if model == self.settings.embedding.model:
-            attach_to_default(self.client, self.settings, [(tenant_id, kb_id)])
-        else:
-            try:
-                attach_to_own(self.client, self.settings, tenant_id, kb_id, model, dimension)
-            except Exception:
-                self.registry.delete_kb(tenant_id, kb_id)  # no KB without the index of its model
-                raise
+        with self.kb_locks.exclusive(kb_key(tenant_id, kb_id)):
+            self.registry.create_kb(kb)
+            if model == self.settings.embedding.model:
+                attach_to_default(self.client, self.settings, [(tenant_id, kb_id)])
+            else:
+                try:
+                    attach_to_own(self.client, self.settings, tenant_id, kb_id, model, dimension)
+                except Exception:
+                    self.registry.delete_kb(tenant_id, kb_id)  # no KB without the index of its model
+                    raise
         return self.view(kb, (0, 0))
 
     def _dimension(self, model: str) -> int:
@@ -249,7 +262,12 @@ class Catalog:
 
     def delete_kb(self, tenant_id: str, kb_id: str) -> None:
         """Delete the KB, its documents' records, every chunk, and their bytes in the blob store
-        (those no other live record shares)."""
+        (those no other live record shares). A create of the same id, or a second delete, waits
+        until this one is done (`kb_locks`)."""
+        with self.kb_locks.exclusive(kb_key(tenant_id, kb_id)):
+            self._delete_kb(tenant_id, kb_id)
+
+    def _delete_kb(self, tenant_id: str, kb_id: str) -> None:
         self.registry.get_kb(tenant_id, kb_id)
         self.sources.drop_kb(tenant_id, kb_id)  # its sources first: a run under way stops
         fairqueue.purge(self.ingestor.broker, tenant_id, kb_id)  # its waiting documents go first
@@ -261,30 +279,29 @@ class Catalog:
             targets = []
         if targets:
             delete_kb_chunks(self.client, ",".join(t.alias for t in targets), tenant_id, kb_id)
-        self._drop_documents(tenant_id, kb_id, [], final=False)
-        # Indexes of its own go too; the shared index only lost its chunks. The alias goes with
-        # its index or after it, and the record last: while it stands, a create of the same id is
-        # refused (so a new KB's alias and index are never the ones dropped here), and a delete
-        # that fails can be resent and still finds the KB's chunks.
+        self._drop_documents(tenant_id, kb_id, final=False)
+        # Indexes of its own go too; the shared index only loses its chunks. The alias goes with
+        # its index or after it, and the record last: while it stands, a delete that fails can be
+        # resent and still finds the KB's chunks.
         own = own_indexes(self.client, self.settings, tenant_id, kb_id)
         if own:
             drop_index(self.client, ",".join(own))
         drop_aliases(self.client, self.settings, tenant_id, kb_id)
         self.registry.delete_kb(tenant_id, kb_id)
-        # A source or a document added while this ran (its KB still stood) would outlive it and
-        # fill a new KB of the same id; one added from now on finds the KB gone (Sources.add and
-        # the Ingestor check again after their write, and take it back).
+        # What was added while this ran (its KB still stood) would outlive it: a source, a
+        # document, chunks a worker stored after the first delete. From now on an addition finds
+        # the KB gone (Sources.add and the Ingestor check again after their write, and take it
+        # back; a worker's write names a record version that is gone), and no new KB of the same
+        # id exists until this ends: the last sweeps take everything of this tenant and KB id.
         self.sources.drop_kb(tenant_id, kb_id)
-        self._drop_documents(tenant_id, kb_id, [t.index for t in targets if t.index not in own], final=True)
+        self._drop_documents(tenant_id, kb_id, final=True)
+        shared = [t.index for t in targets if t.index not in own]
+        if shared:
+            delete_kb_chunks(self.client, ",".join(shared), tenant_id, kb_id)
 
-    def _drop_documents(self, tenant_id: str, kb_id: str, shared_indexes: list[str], *, final: bool) -> None:
-        """Delete the KB's document records, their artifacts and unshared bytes, and, in
-        `shared_indexes`, the chunks those documents have there (a late document's, written after
-        the KB's chunks were deleted)."""
-        doomed = erasure.drop_kb_documents(self.registry, self.ingestor.blobs, tenant_id, kb_id, final=final)
-        for index in shared_indexes:
-            for doc in doomed:
-                delete_generations(self.client, index, tenant_id, kb_id, doc.doc_id, keep=None)
+    def _drop_documents(self, tenant_id: str, kb_id: str, *, final: bool) -> None:
+        """Delete the KB's document records, their artifacts and unshared bytes."""
+        erasure.drop_kb_documents(self.registry, self.ingestor.blobs, tenant_id, kb_id, final=final)
 
     def start_reembed(self, tenant_id: str, kb_id: str, model: str) -> KbView:
         """Mark the KB and hand the reembed to a worker (workers/reembed.py); CONFLICT if one runs."""

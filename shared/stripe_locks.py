@@ -95,8 +95,10 @@ class StripeLocks:
         ttl_s: float = 30.0,
         wait_s: float = 30.0,
         poll_s: float = 0.01,
+        busy: str = "the blob store is busy; retry shortly",
     ) -> None:
         self._redis = client
+        self._busy = busy
         self._namespace = namespace
         self._ttl_ms = int(ttl_s * 1000)
         self._wait_s = wait_s
@@ -132,7 +134,7 @@ class StripeLocks:
         deadline = time.monotonic() + self._wait_s
         while not self._scripts[f"take_{kind}"](keys=keys, args=[token, self._ttl_ms]):
             if time.monotonic() > deadline:
-                raise TransientError("the blob store is busy; retry shortly")
+                raise TransientError(self._busy)
             time.sleep(self._poll_s)
         self._track(token, kind, keys)
         try:

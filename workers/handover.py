@@ -179,6 +179,8 @@ def hand_over(
         # (A conflict within this version, a resend by the reconciler, leaves them to that run.)
         log.info("document %s/%s changed during %s; dropping this result", ref.kb_id, ref.doc_id, ref.stage)
         now = ctx.registry.get_doc(ref.tenant_id, ref.kb_id, ref.doc_id)
+        if now is None and result.undo is not None:
+            result.undo()
         if lifecycle.superseded(now.doc if now else None, ref.content_version):
             drop_artifacts(ctx, ref, older=False)
         return None

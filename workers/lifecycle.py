@@ -239,6 +239,7 @@ def advance(
         chain
         and nxt not in BATCHED_STAGES
         and result.after is None
+        and result.undo is None
         and result.pin is None
         and lease_outlasts_half(doc, policy, now)
     )

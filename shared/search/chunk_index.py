@@ -120,8 +120,21 @@ def delete_generations(
     return int(result.get("deleted", 0))
 
 
+def delete_generation(
+    client: OpenSearch, index: str, tenant_id: str, kb_id: str, doc_id: str, generation: int
+) -> None:
+    """Delete one generation of a document's chunks from `index`, those written a moment ago too."""
+    client.indices.refresh(index=index)
+    query = {
+        "bool": {"filter": [*doc_filter(tenant_id, kb_id, doc_id), {"term": {"generation": generation}}]}
+    }
+    client.delete_by_query(index=index, body={"query": query}, refresh=True, conflicts="proceed")
+
+
 def delete_kb_chunks(client: OpenSearch, index: str, tenant_id: str, kb_id: str) -> None:
-    """Delete every chunk of a knowledge base from `index` (aliases or names, comma-joined)."""
+    """Delete every chunk of a knowledge base from `index` (aliases or names, comma-joined), those
+    written a moment ago too (a worker's store refreshes after its bulk, not before this)."""
+    client.indices.refresh(index=index)
     client.delete_by_query(
         index=index, body={"query": kb_scope(tenant_id, kb_id)}, refresh=True, conflicts="proceed"
     )

@@ -6,13 +6,16 @@ from __future__ import annotations
 
 import secrets
 import threading
+import time
 from collections.abc import Callable
 from pathlib import Path
 
 import httpx
 import pytest
 
-from tests.e2e.helpers import Server
+from shared.config import Settings
+from shared.search.client import build_client
+from tests.e2e.helpers import Server, tenant_of
 
 pytestmark = pytest.mark.e2e
 
@@ -100,3 +103,88 @@ def test_documents_uploaded_while_their_kb_is_deleted_go_with_it(server: Server)
         assert found.json()["results"] == []
         for kb in recreated:
             client.delete(f"/v1/kbs/{kb}")
+
+
+def test_a_kb_created_again_during_the_deletion_keeps_what_it_is_given(server: Server) -> None:
+    """The deletion's last sweep ran after the KB record was gone, when a create of the same id
+    already succeeded: it deleted what the new KB was given (12 of 19 uploads, seen)."""
+    with server.client("a_admin") as client:
+        for _ in range(2):
+            kb = f"kbre-{secrets.token_hex(4)}"
+            assert client.post("/v1/kbs", json={"kb_id": kb, "name": kb}).status_code == 201
+            for n in range(40):  # work for the deletion's sweeps
+                client.post(
+                    f"/v1/kbs/{kb}/documents", files={"files": (f"old{n}.txt", f"old text {n}".encode())}
+                )
+            adder = Adder(
+                server,
+                kb,
+                lambda c, k, n: c.post(f"/v1/kbs/{k}/documents", files={"files": (f"w{n}.txt", b"x")}),
+            )
+            adder.start()
+            assert adder.started_adding.wait(60)
+            answers: list[httpx.Response] = []
+            deleter = threading.Thread(target=_delete, args=(server, kb, answers))
+            deleter.start()
+            kept = _create_again_and_upload(server, kb)
+            deleter.join(120)
+            adder.stop.set()
+            adder.join(60)
+            assert [a.status_code for a in answers] == [204], [a.text for a in answers]
+            for doc_id in kept:  # every upload the new KB accepted is there
+                assert client.get(f"/v1/kbs/{kb}/documents/{doc_id}").status_code == 200, doc_id
+            assert client.get(f"/v1/kbs/{kb}/documents/old0.txt").status_code == 404
+            client.delete(f"/v1/kbs/{kb}")
+
+
+def _delete(server: Server, kb: str, answers: list[httpx.Response]) -> None:
+    with server.client("a_admin") as client:
+        answers.append(client.delete(f"/v1/kbs/{kb}"))
+
+
+def _create_again_and_upload(server: Server, kb: str) -> list[str]:
+    """As a client that re-creates the KB the moment it reads as gone: create (again while the
+    deletion answers UNAVAILABLE), then upload; returns the documents the new KB accepted."""
+    kept: list[str] = []
+    with server.client("a_admin") as client:
+        while client.get(f"/v1/kbs/{kb}").status_code != 404:
+            time.sleep(0.02)
+        while (created := client.post("/v1/kbs", json={"kb_id": kb, "name": kb})).status_code != 201:
+            assert created.status_code in (409, 503), created.text  # the old one, or its deletion
+        for n in range(10):
+            added = client.post(
+                f"/v1/kbs/{kb}/documents", files={"files": (f"new{n}.txt", f"new {n}".encode())}
+            )
+            assert added.status_code == 202, added.text
+            kept.append(f"new{n}.txt")
+    return kept
+
+
+def test_chunks_stored_while_their_kb_is_deleted_go_with_it(server: Server, settings: Settings) -> None:
+    """A store in flight when the KB went wrote its chunks after the deletion's: they stayed in the
+    shared index, and a new KB of the same id found the old text."""
+    tenant = tenant_of(server, "a_admin")
+    opensearch = build_client(settings.opensearch)
+    text = "\n\n".join(f"Paragraph {n} of the capybara ledger, kept for the audit." for n in range(1500))
+    with server.client("a_admin") as client:
+        for _ in range(2):
+            kb = f"kbst-{secrets.token_hex(4)}"
+            body = {"kb_id": kb, "name": kb, "settings": {"pii_policy": "off"}}
+            assert client.post("/v1/kbs", json=body).status_code == 201
+            client.post(f"/v1/kbs/{kb}/documents", files={"files": ("big.txt", text.encode())})
+            deadline = time.monotonic() + 300
+            while (
+                status := client.get(f"/v1/kbs/{kb}/documents/big.txt").json().get("status")
+            ) != "indexing":
+                assert status not in ("ready", "failed"), status  # the store was not caught under way
+                assert time.monotonic() < deadline
+            assert client.delete(f"/v1/kbs/{kb}").status_code == 204
+            time.sleep(3)  # the worker's store and hand-over end
+            opensearch.indices.refresh(index=f"{settings.opensearch.index_prefix}-chunks-*")
+            left = opensearch.count(
+                index=f"{settings.opensearch.index_prefix}-chunks-*",
+                body={
+                    "query": {"bool": {"filter": [{"term": {"tenant_id": tenant}}, {"term": {"kb_id": kb}}]}}
+                },
+            )["count"]
+            assert left == 0, (kb, left)

@@ -27,6 +27,10 @@ class StageResult:
     updates: dict[str, Any] = field(default_factory=dict)
     # Runs only after the registry recorded this result (e.g. retiring an old generation).
     after: Callable[[], None] | None = None
+    # Runs instead when the record is gone by the time this result is written (its knowledge base
+    # was deleted meanwhile): what the stage wrote outside the registry goes too, or it would
+    # outlive the KB and show in a new KB of the same id (e.g. the chunks just stored).
+    undo: Callable[[], None] | None = None
     # No later stage has anything to do: the document is ready now (a URL fetched again brought
     # the bytes of its ready version).
     finished: bool = False

@@ -28,9 +28,10 @@ import numpy as np
 from shared.embedding import embedded_text, encoder, for_model, indexed_vector
 from shared.errors import PermanentError, RaglineError, TransientError
 from shared.models import Document, utcnow
-from shared.search.chunk_index import Sources, bulk_index, delete_generations, refresh
+from shared.search.chunk_index import Sources, bulk_index, delete_generation, delete_generations, refresh
 from shared.search.metadata import with_metadata_fields
 from shared.search.placement import Placement, write_aliases, write_targets
+from shared.search.schema import chunks_alias
 from workers import metrics
 from workers.context import WorkerContext
 from workers.stages.base import StageResult
@@ -156,6 +157,11 @@ def _stored(ctx: WorkerContext, doc: Document, chunk_count: int, batch_documents
         aliases = write_aliases(ctx.client, ctx.settings, doc.tenant_id, doc.kb_id)
         delete_generations(ctx.client, aliases, doc.tenant_id, doc.kb_id, doc.doc_id, keep=generation)
 
+    def drop_written() -> None:
+        # Wherever the KB's aliases pointed: they are gone with the KB.
+        anywhere = f"{chunks_alias(ctx.settings)}-*"
+        delete_generation(ctx.client, anywhere, doc.tenant_id, doc.kb_id, doc.doc_id, generation)
+
     return StageResult(
         artifact=None,
         updates={
@@ -166,6 +172,7 @@ def _stored(ctx: WorkerContext, doc: Document, chunk_count: int, batch_documents
         # A first version has no older generation to retire: skip that delete-by-query (an alias
         # lookup and a scroll that matches nothing), a cost paid on every document of a first load.
         after=retire_old if generation > 1 else None,
+        undo=drop_written,
     )
 
 
