@@ -13,6 +13,7 @@ nothing until the worker resolves it).
 from __future__ import annotations
 
 import logging
+import posixpath
 from collections.abc import Iterable
 from dataclasses import dataclass
 from datetime import timedelta
@@ -54,6 +55,14 @@ class SubmitResult:
     outcome: Outcome
     status: DocStatus
     content_version: int
+
+
+def text_filename(doc_id: str | None) -> str | None:
+    """The filename of a document sent as text without one: its doc_id's last part, which its
+    title and search hits show (the type comes from the bytes; a name refines it only within text
+    types). Without a doc_id, none: the id then comes from the content's hash, where one fixed
+    name made every such text replace the last one."""
+    return (posixpath.basename(doc_id) or None) if doc_id is not None else None
 
 
 @dataclass(frozen=True)
@@ -291,7 +300,7 @@ class Ingestor:
             doc.outcome = Outcome.CREATED if previous.status == DocStatus.DELETED else Outcome.UPDATED
             stored = self.registry.replace_doc(current, doc)
         outcome = doc.outcome
-        self._kb_stands(stored.doc)
+        self._kb_stands(stored.doc, bytes_pinned=True)
         self.admitter.hold(admission, tenant_id, kb_id, doc_id, doc.content_version)
         self._start(stored)
         return SubmitResult(doc_id, outcome, DocStatus.QUEUED, doc.content_version)
@@ -418,24 +427,32 @@ class Ingestor:
         removes them before or not at all); then the bytes of the version it replaced go, unless
         another record still needs them."""
         before = self.registry.get_doc(tenant_id, kb_id, doc_id)
-        with self.blobs.pinned(sha256):
-            if not self.blobs.exists(sha256):  # a delete of the same bytes removed them just now
-                raise TransientError("the upload met a delete of the same content; send it again")
-            result = self._register(tenant_id, kb_id, doc_id, sha256, *rest)
+        try:
+            with self.blobs.pinned(sha256):
+                if not self.blobs.exists(sha256):  # a delete of the same bytes removed them just now
+                    raise TransientError("the upload met a delete of the same content; send it again")
+                result = self._register(tenant_id, kb_id, doc_id, sha256, *rest)
+        except NotFound:
+            # Its knowledge base is gone (`_kb_stands`): so are these bytes, unless a record needs them.
+            erasure.release_blob(self.registry, self.blobs, sha256)
+            raise
         replaced = before.doc.content_hash if before is not None else None
         if result.outcome != Outcome.UNCHANGED and replaced not in (None, "", sha256):
             erasure.release_blob(self.registry, self.blobs, replaced)
         return result
 
-    def _kb_stands(self, doc: Document) -> None:
+    def _kb_stands(self, doc: Document, *, bytes_pinned: bool = False) -> None:
         """NOT_FOUND, the version just written taken back, when its knowledge base was deleted
         meanwhile: the deletion's last sweep of the KB's records may have run before this write
         (shared/catalog.py `delete_kb`), and the record would outlive the KB and show in a new KB
-        of the same id."""
+        of the same id. Its bytes go too, unless a record needs them; bytes this call holds
+        pinned go once the pin is released (`_store_and_register`)."""
         try:
             self.registry.get_kb(doc.tenant_id, doc.kb_id)
         except NotFound:
-            self.registry.drop_doc(doc)  # its bytes go once no longer pinned (`_store_and_register`)
+            self.registry.drop_doc(doc)
+            if not bytes_pinned:
+                erasure.release_blob(self.registry, self.blobs, doc.content_hash)
             raise
 
     def _start(self, stored: Versioned) -> None:

@@ -18,7 +18,7 @@ from starlette.concurrency import run_in_threadpool
 from starlette.datastructures import UploadFile
 
 from shared.errors import ErrorCode, RaglineError
-from shared.ingest import Upload
+from shared.ingest import Upload, text_filename
 from shared.models import file_label, repeated_ids, safe_doc_id
 
 _READ_CHUNK = 1 << 20
@@ -123,7 +123,7 @@ async def _read_json(request: Request) -> UploadBody:
     else:
         upload = Upload(
             (body.content or "").encode(),
-            filename=body.filename or "content.txt",
+            filename=body.filename or text_filename(body.doc_id),
             mime_type=body.mime_type,
             doc_id=body.doc_id,
         )

@@ -11,7 +11,6 @@ from __future__ import annotations
 import asyncio
 import base64
 import binascii
-import posixpath
 import time
 import uuid
 from dataclasses import dataclass, replace
@@ -28,7 +27,7 @@ from services.core.auth import Principal, Role, require
 from services.core.container import AppState
 from shared.catalog import BatchView, DocumentPage, DocumentStatus, DocumentText, KbView
 from shared.errors import ErrorCode, RaglineError
-from shared.ingest import Upload
+from shared.ingest import Upload, text_filename
 from shared.models import ID_PATTERN, DocStatus, KbSettings
 from shared.search.fusion import Fusion
 from shared.search.requests import Filters, Mode, SearchRequest, SearchResponse
@@ -169,20 +168,10 @@ async def get_document_status(
     return await run_in_threadpool(state.catalog.document_status, principal.tenant, kb_id, doc_id)
 
 
-def _text_filename(content: str | None, doc_id: str | None) -> str | None:
-    """The filename of a document sent as text: its doc_id's last part, which its title and search
-    hits show (the type comes from the bytes; a name refines it only within text types). Without a
-    doc_id, none: the id then comes from the content's hash, where one fixed name made every such
-    call replace the last one."""
-    if content is None or doc_id is None:
-        return None
-    return posixpath.basename(doc_id) or None
-
-
 async def ingest(
     ctx: ToolContext,
     kb_id: Annotated[str, Field(min_length=1, max_length=128)],
-    content: Annotated[str | None, Field(description="The document as text.")] = None,
+    content: Annotated[str | None, Field(min_length=1, description="The document as text.")] = None,
     content_base64: Annotated[
         str | None, Field(description="The file's bytes, base64 (PDF, DOCX, ...).")
     ] = None,
@@ -212,7 +201,8 @@ async def ingest(
     state = services(ctx).state
     upload = _upload(content, content_base64, url, state.settings.api.max_file_bytes)
     if url is None:
-        upload = replace(upload, filename=filename or _text_filename(content, doc_id), mime_type=mime_type)
+        named = filename or (text_filename(doc_id) if content is not None else None)
+        upload = replace(upload, filename=named, mime_type=mime_type)
     elif filename is not None or mime_type is not None:
         raise RaglineError(
             "filename and mime_type come from the URL's answer; leave them out",

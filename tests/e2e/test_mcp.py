@@ -266,6 +266,7 @@ async def test_bad_arguments_are_tool_errors_and_the_session_survives(server: Se
             ("search", {"query": "x", "kb_ids": ["no-such-kb"]}, "NOT_FOUND"),
             ("ingest", {"kb_id": kb, "content_base64": "%%% not base64"}, "INVALID_ARGUMENT"),
             ("ingest", {"kb_id": kb}, "INVALID_ARGUMENT"),
+            ("ingest", {"kb_id": kb, "content": ""}, "INVALID_ARGUMENT"),  # as REST refuses it
             ("ingest", {"kb_id": "no-such-kb", "content": "x"}, "NOT_FOUND"),
             ("get_document_status", {"kb_id": kb, "doc_id": "missing"}, "NOT_FOUND"),
         ]

@@ -336,3 +336,20 @@ def test_health_readiness_metrics_and_openapi(server: Server, mixed_kb: str) -> 
             spec["paths"]
         )
         assert client.get("/docs").status_code == 200
+
+
+def test_texts_sent_as_json_without_a_name_do_not_replace_each_other(server: Server) -> None:
+    """Each was `content.txt`: the second text replaced the first (updated, version 2)."""
+    kb = f"kb-{uuid.uuid4().hex[:6]}"
+    with server.client("a_admin") as client:
+        assert client.post("/v1/kbs", json={"kb_id": kb, "name": kb}).status_code == 201
+        sent = [
+            client.post(f"/v1/kbs/{kb}/documents", json={"content": text}).json()["documents"][0]
+            for text in ("The first note.", "The second note.", "The first note.")
+        ]
+        assert [d["outcome"] for d in sent] == ["created", "created", "unchanged"]
+        assert sent[0]["doc_id"] != sent[1]["doc_id"]
+        assert sent[2]["doc_id"] == sent[0]["doc_id"]
+        named = client.post(f"/v1/kbs/{kb}/documents", json={"content": "Named.", "doc_id": "team/notes.md"})
+        assert named.json()["documents"][0]["doc_id"] == "team/notes.md"
+        client.delete(f"/v1/kbs/{kb}")

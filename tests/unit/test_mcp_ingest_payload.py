@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from services.mcp.tools import _payload, _text_filename
+from services.mcp.tools import _payload
 from shared.errors import ErrorCode, RaglineError
+from shared.ingest import text_filename
 
 
 def test_content_with_a_lone_surrogate_is_refused_as_invalid() -> None:
@@ -21,8 +22,7 @@ def test_text_and_base64_content_become_bytes() -> None:
 
 
 def test_text_takes_its_name_from_its_doc_id() -> None:
-    assert _text_filename("# Notes", "team/notes.md") == "notes.md"
-    assert _text_filename("plain", "note") == "note"
-    assert _text_filename("plain", None) is None  # the id comes from the content's hash
-    assert _text_filename("plain", "dir/") is None
-    assert _text_filename(None, "report.pdf") is None  # bytes and URLs name themselves
+    assert text_filename("team/notes.md") == "notes.md"
+    assert text_filename("note") == "note"
+    assert text_filename(None) is None  # the id comes from the content's hash
+    assert text_filename("dir/") is None
