@@ -150,15 +150,21 @@ _STOPWORDS = frozenset(
 SEPARATOR = " › "
 KEYWORDS_PER_CHUNK = 5
 KEYWORDS_PER_DOC = 10
+UNNAMED_TITLE_CHARS = 100
 
 
-def document_title(doc: Document, title_hint: str | None) -> str:
-    """The caller's title, else the first heading, else the file name without extension."""
+def document_title(doc: Document, title_hint: str | None, text: str = "") -> str:
+    """The caller's title, else the first heading, else the file name without extension; a text
+    sent without a name (its id is its content's hash) is titled by its first line."""
     given = doc.metadata.get("title")
     if isinstance(given, str) and given.strip():
         return given.strip()[:300]
     if title_hint and title_hint.strip():
         return " ".join(title_hint.split())[:300]
+    if doc.filename is None:
+        first = next((line for line in text.splitlines() if line.strip(" \t#")), "")
+        if first:
+            return " ".join(first.strip(" \t#").split())[:UNNAMED_TITLE_CHARS].rstrip()
     name = PurePosixPath(doc.filename or doc.doc_id).name
     return PurePosixPath(name).stem or name
 
@@ -242,7 +248,7 @@ def run(ctx: WorkerContext, doc: Document, chunked: dict[str, Any]) -> StageResu
     kb = ctx.registry.get_kb(doc.tenant_id, doc.kb_id)
     counter = token_counter(ctx.settings.embedding)
     chunks: list[dict[str, Any]] = chunked["chunks"]
-    title = document_title(doc, chunked.get("title_hint"))
+    title = document_title(doc, chunked.get("title_hint"), chunked.get("text", ""))
     language = detect_language(chunked.get("text", ""), kb.settings.language)
     for chunk in chunks:
         chunk["context"] = context_header(title, chunk["headings"], counter)
