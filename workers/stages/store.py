@@ -21,12 +21,13 @@ from __future__ import annotations
 import hashlib
 from collections.abc import Sequence
 from dataclasses import dataclass
+from datetime import datetime
 from typing import Any
 
 import numpy as np
 
 from shared.embedding import embedded_text, encoder, for_model, indexed_vector
-from shared.errors import PermanentError, RaglineError, TransientError
+from shared.errors import ErrorCode, PermanentError, RaglineError, TransientError
 from shared.models import Document, utcnow
 from shared.search.chunk_index import Sources, bulk_index, delete_generation, delete_generations, refresh
 from shared.search.metadata import with_metadata_fields
@@ -185,7 +186,7 @@ def _write_kb(
 ) -> dict[int, RaglineError]:
     """Write one KB's documents wherever its aliases point, again if a reembed moves them meanwhile;
     returns the failures by position. `written` collects the aliases to refresh."""
-    failed: dict[int, RaglineError] = {}
+    failed = _changed_records(ctx, tenant_id, kb_id, docs)
     done: list[str] = []
     for _ in range(MAX_MOVES):
         targets = write_targets(ctx.client, ctx.settings, tenant_id, kb_id)
@@ -198,6 +199,26 @@ def _write_kb(
         done = [t.index for t in targets]
     moving = TransientError("the knowledge base's chunk index kept moving")
     return {d.position: moving for d in docs}
+
+
+def _changed_records(
+    ctx: WorkerContext, tenant_id: str, kb_id: str, docs: list[_Stored]
+) -> dict[int, RaglineError]:
+    """The documents whose record is no longer the version in work, by position: their chunks are
+    not written. The KB may have been deleted meanwhile, created again and the same document
+    uploaded anew: its first version has the same chunk ids, and this store would fill the new
+    KB with the old text. (A record that goes while the bulk runs is the hand-over's `undo`.)"""
+    keys = [(kb_id, d.doc.doc_id) for d in docs]
+    records = ctx.registry.doc_fields(tenant_id, keys, ["created_at", "content_version"])
+    return {
+        d.position: RaglineError(
+            "the document was deleted or replaced while it was stored", code=ErrorCode.CONFLICT
+        )
+        for d, record in zip(docs, records, strict=True)
+        if record is None
+        or record.get("content_version") != d.doc.content_version
+        or datetime.fromisoformat(record["created_at"]) != d.doc.created_at
+    }
 
 
 def _write(
