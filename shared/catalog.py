@@ -35,8 +35,9 @@ from shared.stripe_locks import StripeLocks
 
 TERMINAL = [DocStatus.READY.value, DocStatus.FAILED.value, DocStatus.DELETED.value]
 REEMBED_TASK = "ragline.reembed"
-# How long a create or a delete of a KB waits for a delete of the same id under way, then UNAVAILABLE.
-KB_LOCK_WAIT_S = 30.0
+# How long a create or a delete of a KB waits for another of the same id, then UNAVAILABLE: long
+# enough for a create, short, as the wait holds one of the API's threads, which all tenants share.
+KB_LOCK_WAIT_S = 0.5
 
 
 class KbView(BaseModel):
@@ -160,7 +161,7 @@ class Catalog:
             "ragline:kb-lifecycle",
             wait_s=KB_LOCK_WAIT_S,
             poll_s=0.05,
-            busy="the knowledge base is being deleted; retry shortly",
+            busy="the knowledge base is being created or deleted; retry shortly",
         )
 
     def view(self, kb: KnowledgeBase, counts: tuple[int, int]) -> KbView:
@@ -262,8 +263,8 @@ class Catalog:
 
     def delete_kb(self, tenant_id: str, kb_id: str) -> None:
         """Delete the KB, its documents' records, every chunk, and their bytes in the blob store
-        (those no other live record shares). A create of the same id, or a second delete, waits
-        until this one is done (`kb_locks`)."""
+        (those no other live record shares). A create of the same id, or a second delete, is
+        UNAVAILABLE until this one is done (`kb_locks`)."""
         with self.kb_locks.exclusive(kb_key(tenant_id, kb_id)):
             self._delete_kb(tenant_id, kb_id)
 

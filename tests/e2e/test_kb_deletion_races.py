@@ -151,6 +151,7 @@ def _create_again_and_upload(server: Server, kb: str) -> list[str]:
             time.sleep(0.02)
         while (created := client.post("/v1/kbs", json={"kb_id": kb, "name": kb})).status_code != 201:
             assert created.status_code in (409, 503), created.text  # the old one, or its deletion
+            time.sleep(0.05)
         for n in range(10):
             added = client.post(
                 f"/v1/kbs/{kb}/documents", files={"files": (f"new{n}.txt", f"new {n}".encode())}
