@@ -133,17 +133,45 @@ def source_sync(
     allow_deletions: Annotated[
         bool, typer.Option(help="Delete past the source's max_deleted_share, this run only.")
     ] = False,
+    documents: Annotated[
+        bool,
+        typer.Option(
+            help="Then wait for the documents it sent to be ready or failed, and list those failed."
+        ),
+    ] = True,
     server: Server = None,
     api_key: ApiKey = None,
     as_json: AsJson = False,
 ) -> None:
-    """Run a source now (or join its run under way); exits 1 if the run fails or an item failed."""
+    """Run a source now (or join its run under way); exits 1 if the run fails or an item failed,
+    in the run or, with --documents, in the pipeline."""
     path = api_path("kbs", kb_id, "sources", source_id, "sync")
     params = {"allow_deletions": "true"} if allow_deletions else {}
     run = _call(_remote(server, api_key), "POST", path, params=params)
     if wait:
         run = _follow(server, api_key, kb_id, source_id, run, as_json)
+        if documents and _sent(run):
+            run = {**run, "documents": _follow_batch(server, api_key, run["run_id"], as_json)}
     _finish(run, as_json)
+
+
+def _sent(run: dict[str, Any]) -> int:
+    counts = run.get("counts") or {}
+    return int(counts.get("created", 0)) + int(counts.get("updated", 0))
+
+
+def _follow_batch(server: str | None, api_key: str | None, batch_id: str, quiet: bool) -> dict[str, Any]:
+    """Poll the run's batch (the documents it sent) until each is ready or failed."""
+    last = ""
+    while True:
+        batch = _call(_remote(server, api_key), "GET", api_path("batches", batch_id))
+        if batch["done"]:
+            return dict(batch)
+        line = "documents: " + ", ".join(f"{k} {v}" for k, v in sorted(batch["counts"].items()))
+        if line != last and not quiet:
+            typer.echo(line, err=True)
+            last = line
+        time.sleep(1)
 
 
 @source_app.command("update")
@@ -243,11 +271,18 @@ def _run_line(run: dict[str, Any]) -> str:
 
 
 def _finish(run: dict[str, Any], as_json: bool) -> None:
+    failed_documents = (run.get("documents") or {}).get("failures") or []
     if as_json:
         typer.echo(json.dumps(run, indent=2))
     else:
         typer.echo(_run_line(run))
         for failure in run.get("failures") or []:
             typer.echo(f"  {failure['key']}: {failure['code']}: {failure['message']}")
-    if run["status"] == "failed" or run.get("failures"):
+        if run.get("documents"):
+            counts = run["documents"]["counts"]
+            typer.echo("documents: " + ", ".join(f"{k} {v}" for k, v in sorted(counts.items())))
+        for failure in failed_documents:
+            error = failure.get("error") or {}
+            typer.echo(f"  {failure['doc_id']}: {error.get('code')}: {error.get('message')}")
+    if run["status"] == "failed" or run.get("failures") or failed_documents:
         raise typer.Exit(1)

@@ -85,3 +85,38 @@ def test_a_run_whose_items_failed_does_not_read_as_a_success() -> None:
     line = source_commands._run_line(run)
     assert line.startswith("ended with failed items: listed 3; created 2, failed 1")
     assert source_commands._run_line({**run, "counts": {"created": 3}}).startswith("succeeded: listed 3")
+
+
+def test_a_sync_waits_for_its_documents_and_fails_on_one_that_failed(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A file that failed to parse showed only in `batch status`: the sync said succeeded, exit 0."""
+    run = {"run_id": "r1", "status": "succeeded", "listed": 3, "counts": {"created": 3}}
+    failure = {"kb_id": "kb", "doc_id": "broken.pdf", "error": {"code": "PARSE_ERROR", "message": "bad xref"}}
+    answers = [
+        run,  # POST .../sync: the run, ended already
+        {"batch_id": "r1", "total": 3, "counts": {"queued": 3}, "done": False, "failures": []},
+        {
+            "batch_id": "r1",
+            "total": 3,
+            "counts": {"failed": 1, "ready": 2},
+            "done": True,
+            "failures": [failure],
+        },
+    ]
+    asked: list[str] = []
+
+    def call(_remote: object, method: str, path: str, **_: object) -> object:
+        asked.append(f"{method} {path}")
+        return answers.pop(0)
+
+    monkeypatch.setattr(source_commands, "_remote", lambda *_: None)
+    monkeypatch.setattr(source_commands, "_call", call)
+    monkeypatch.setattr(time, "sleep", lambda _: None)
+    with pytest.raises(typer.Exit) as ended:
+        source_commands.source_sync("kb", "s1")
+    assert ended.value.exit_code == 1
+    assert asked[1:] == ["GET /v1/batches/r1", "GET /v1/batches/r1"]
+    out = capsys.readouterr().out
+    assert "documents: failed 1, ready 2" in out
+    assert "broken.pdf: PARSE_ERROR: bad xref" in out
