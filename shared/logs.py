@@ -124,7 +124,8 @@ class ExpectedNoise(logging.Filter):
     - the MCP SDK's "Error in standalone SSE writer" traceback when a client ends its session
       (its stream is closed under the writer: `ClosedResourceError`), at every SDK client's exit;
     - Presidio's warning for each recognizer of a language Ragline does not load, at every
-      worker start."""
+      worker start, and for each spaCy entity of a kind it has no name for (a number, a product),
+      hundreds a document."""
 
     _CLOSED = (anyio.ClosedResourceError, anyio.BrokenResourceError)
 
@@ -133,7 +134,10 @@ class ExpectedNoise(logging.Filter):
             error = record.exc_info[1] if record.exc_info else None
             return not isinstance(error, self._CLOSED)
         if record.name == "presidio-analyzer":
-            return not str(record.msg).startswith("Recognizer not added to registry because language")
+            message = str(record.msg)
+            skipped = message.startswith("Recognizer not added to registry because language")
+            unmapped = message.startswith("Entity ") and "is not mapped to a Presidio entity" in message
+            return not (skipped or unmapped)
         return True
 
 

@@ -184,5 +184,7 @@ def test_expected_noise_is_dropped_and_real_trouble_kept() -> None:
         "Recognizer not added to registry because language is not supported by registry - EsNifRecognizer"
     )
     assert not noise.filter(_record("presidio-analyzer", skipped))
+    unmapped = "Entity CARDINAL is not mapped to a Presidio entity, but keeping anyway."
+    assert not noise.filter(_record("presidio-analyzer", unmapped))
     assert noise.filter(_record("presidio-analyzer", "Entity PERSON is not supported"))
     assert noise.filter(_record("ragline.test", sse, anyio.ClosedResourceError()))
