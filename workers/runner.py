@@ -307,13 +307,18 @@ def _finish_failed(
     `claimed` is this process's claim, where it still holds one: its record in memory also has
     what chained hand-overs left unwritten (the timings and transitions of the stages since the
     last write), which a record read back would lose. Once another write has moved the record on,
-    the stored one is failed instead, if it is still this version.
+    the stored one is failed instead, if it is still this version of this document: a record
+    created anew meanwhile (its KB deleted and created again, the file uploaded again) has the same
+    id and version, and is another document.
     """
     current = claimed
+    created_at = claimed.doc.created_at if claimed is not None else None
     for _ in range(5):
         if current is None:
             current = ctx.registry.get_doc(ref.tenant_id, ref.kb_id, ref.doc_id)
         if current is None or lifecycle.superseded(current.doc, ref.content_version):
+            return
+        if created_at is not None and current.doc.created_at != created_at:
             return
         try:
             ctx.registry.replace_doc(current, lifecycle.fail(current.doc, ref.stage, error, utcnow()))

@@ -8,10 +8,12 @@ import time
 from typing import Any
 
 from shared.errors import ErrorCode, RaglineError
-from shared.models import Document
+from shared.ingest import StageRef
+from shared.models import Document, Stage
 from shared.registry import Registry
 from shared.wiring import Services
 from tests.integration.helpers import chunks_of, new_kb
+from workers import runner
 from workers.stages import embed, store
 
 
@@ -49,3 +51,23 @@ def test_a_store_writes_nothing_for_a_record_created_anew_meanwhile(services: Se
     assert [c["text"] for c in chunks_of(services.client, services.settings, kb, "x.txt")] == [
         "The new text."
     ]
+
+
+def test_the_old_documents_failure_leaves_the_new_document_of_the_same_id(services: Services) -> None:
+    """The store's CONFLICT above is recorded as the old document's failure: its write conflicts,
+    and the record read back, the new document at the same version, was failed instead."""
+    registry = services.registry
+    kb = new_kb(registry)
+    claimed = registry.create_doc(
+        Document(tenant_id=kb.tenant_id, kb_id=kb.kb_id, doc_id="x.txt", content_hash="h", file_size=1)
+    )
+    registry.drop_doc(claimed.doc)
+    time.sleep(0.01)
+    new = _record(registry, kb.tenant_id, kb.kb_id)
+    ref = StageRef(kb.tenant_id, kb.kb_id, "x.txt", 1, Stage.STORE)
+    error = RaglineError("the document was deleted or replaced while it was stored", code=ErrorCode.CONFLICT)
+
+    runner._finish_failed(services, ref, error, claimed)
+
+    after = registry.require_doc(kb.tenant_id, kb.kb_id, "x.txt").doc
+    assert (after.status, after.error) == (new.status, None)
