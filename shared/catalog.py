@@ -280,7 +280,7 @@ class Catalog:
             targets = []
         if targets:
             delete_kb_chunks(self.client, ",".join(t.alias for t in targets), tenant_id, kb_id)
-        self._drop_documents(tenant_id, kb_id, final=False)
+        erasure.drop_kb_documents(self.registry, self.ingestor.blobs, tenant_id, kb_id, final=False)
         # Indexes of its own go too; the shared index only loses its chunks. The alias goes with
         # its index or after it, and the record last: while it stands, a delete that fails can be
         # resent and still finds the KB's chunks.
@@ -295,14 +295,10 @@ class Catalog:
         # back; a worker's write names a record version that is gone), and no new KB of the same
         # id exists until this ends: the last sweeps take everything of this tenant and KB id.
         self.sources.drop_kb(tenant_id, kb_id)
-        self._drop_documents(tenant_id, kb_id, final=True)
+        erasure.drop_kb_documents(self.registry, self.ingestor.blobs, tenant_id, kb_id, final=True)
         shared = [t.index for t in targets if t.index not in own]
         if shared:
             delete_kb_chunks(self.client, ",".join(shared), tenant_id, kb_id)
-
-    def _drop_documents(self, tenant_id: str, kb_id: str, *, final: bool) -> None:
-        """Delete the KB's document records, their artifacts and unshared bytes."""
-        erasure.drop_kb_documents(self.registry, self.ingestor.blobs, tenant_id, kb_id, final=final)
 
     def start_reembed(self, tenant_id: str, kb_id: str, model: str) -> KbView:
         """Mark the KB and hand the reembed to a worker (workers/reembed.py); CONFLICT if one runs."""

@@ -167,7 +167,7 @@ def _follow_batch(server: str | None, api_key: str | None, batch_id: str, quiet:
         batch = _call(_remote(server, api_key), "GET", api_path("batches", batch_id))
         if batch["done"]:
             return dict(batch)
-        line = "documents: " + ", ".join(f"{k} {v}" for k, v in sorted(batch["counts"].items()))
+        line = _documents_line(batch)
         if line != last and not quiet:
             typer.echo(line, err=True)
             last = line
@@ -270,6 +270,10 @@ def _run_line(run: dict[str, Any]) -> str:
     return f"{status}: listed {run.get('listed', 0)}{'; ' + shown if shown else ''}{duration}{error}"
 
 
+def _documents_line(batch: dict[str, Any]) -> str:
+    return "documents: " + ", ".join(f"{k} {v}" for k, v in sorted(batch["counts"].items()))
+
+
 def _finish(run: dict[str, Any], as_json: bool) -> None:
     failed_documents = (run.get("documents") or {}).get("failures") or []
     if as_json:
@@ -279,8 +283,7 @@ def _finish(run: dict[str, Any], as_json: bool) -> None:
         for failure in run.get("failures") or []:
             typer.echo(f"  {failure['key']}: {failure['code']}: {failure['message']}")
         if run.get("documents"):
-            counts = run["documents"]["counts"]
-            typer.echo("documents: " + ", ".join(f"{k} {v}" for k, v in sorted(counts.items())))
+            typer.echo(_documents_line(run["documents"]))
         for failure in failed_documents:
             error = failure.get("error") or {}
             typer.echo(f"  {failure['doc_id']}: {error.get('code')}: {error.get('message')}")
