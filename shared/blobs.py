@@ -20,11 +20,12 @@ import contextlib
 import hashlib
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
+from datetime import datetime
 from pathlib import Path
 from typing import IO, Any
 
 from shared.errors import ErrorCode, RaglineError
-from shared.models import PIPELINE
+from shared.models import PIPELINE, Document
 
 # A pin lasts one registry write, a removal one registry search: waiting longer means something
 # is stuck, and the caller is told to retry rather than wait without end.
@@ -41,18 +42,33 @@ class BlobTooLarge(RaglineError):
     code = ErrorCode.TOO_LARGE
 
 
-def artifact_key(tenant_id: str, kb_id: str, doc_id: str, version: int, stage: str) -> str:
-    """The key of what `stage` handed on for one version of a document."""
-    return f"{tenant_id}/{kb_id}/{doc_id}/v{version}/{stage}"
+def record_stamp(created_at: datetime) -> str:
+    """Which record of a document id an artifact belongs to: the record's creation time, in
+    microseconds. A knowledge base deleted and created again holds new records of the same ids
+    and versions, and a stage of an old record still at work must neither overwrite nor be read
+    for the new one's."""
+    return format(round(created_at.timestamp() * 1_000_000), "x")
 
 
-def version_artifact_keys(tenant_id: str, kb_id: str, doc_id: str, versions: Iterable[int]) -> list[str]:
-    """The keys of every stage's artifact of these versions of a document."""
-    return [
-        artifact_key(tenant_id, kb_id, doc_id, version, stage.value)
-        for version in versions
-        for stage in PIPELINE
-    ]
+def artifact_key(doc: Document, version: int, stage: str) -> str:
+    """The key of what `stage` handed on for one version of the document's record."""
+    return f"{doc.tenant_id}/{doc.kb_id}/{doc.doc_id}/{record_stamp(doc.created_at)}/v{version}/{stage}"
+
+
+def unstamped_artifact_key(doc: Document, version: int, stage: str) -> str:
+    """The key of a stage's artifact written before keys named the record: read only for a
+    document that was in the pipeline across the upgrade, and dropped with the stamped ones."""
+    return f"{doc.tenant_id}/{doc.kb_id}/{doc.doc_id}/v{version}/{stage}"
+
+
+def version_artifact_keys(doc: Document, versions: Iterable[int]) -> list[str]:
+    """The keys of every stage's artifact of these versions of the document's record."""
+    keys = []
+    for version in versions:
+        for stage in PIPELINE:
+            keys.append(artifact_key(doc, version, stage.value))
+            keys.append(unstamped_artifact_key(doc, version, stage.value))
+    return keys
 
 
 def checked_digest(sha256: str) -> str:

@@ -43,9 +43,9 @@ def release_blob(registry: Registry, blobs: BlobStore, sha256: str) -> bool:
 
 
 def drop_artifacts(blobs: BlobStore, doc: Document) -> None:
-    """Every stage artifact of every version of the document up to its current one."""
+    """Every stage artifact of every version of the document's record up to its current one."""
     versions = range(1, doc.content_version + 1)
-    blobs.drop_artifacts(version_artifact_keys(doc.tenant_id, doc.kb_id, doc.doc_id, versions))
+    blobs.drop_artifacts(version_artifact_keys(doc, versions))
 
 
 def drop_kb_documents(
@@ -54,7 +54,7 @@ def drop_kb_documents(
     """Delete a knowledge base's document records, then their artifacts and the bytes no live
     record needs; returns the documents deleted (`Registry.delete_kb_records` says what `final`
     changes)."""
-    fields = ["tenant_id", "kb_id", "doc_id", "content_version", "content_hash", "file_size"]
+    fields = ["tenant_id", "kb_id", "doc_id", "created_at", "content_version", "content_hash", "file_size"]
     doomed = registry.delete_kb_records(tenant_id, kb_id, fields, final=final)
     forget_documents(registry, blobs, doomed)
     return doomed

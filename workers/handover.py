@@ -1,12 +1,13 @@
 """Hand-overs between stages: artifacts, the fenced write that moves a document on, and sends.
 
-A stage's output is an artifact keyed by (document, version, stage), so a redelivered stage
-overwrites rather than duplicates. The hand-over writes the record `lifecycle.advance` decided
-(fenced by the claim's seq_no) and sends the next stage's task, or, when the next stage chains
-(goes to the queue this one came from), returns it to this task, claimed with its input; into a
-light stage, while the claim's lease has more than half left, that hand-over is not written at
-all: the chain's next write records it (see workers/runner.py). A send the broker refuses hands
-the document to the reconciler.
+A stage's output is an artifact keyed by (document record, version, stage), so a redelivered
+stage overwrites rather than duplicates, and a stage of a record deleted meanwhile never meets the
+artifacts of a new record of the same id (`blobs.record_stamp`). The hand-over writes the record
+`lifecycle.advance` decided (fenced by the claim's seq_no) and sends the next stage's task, or,
+when the next stage chains (goes to the queue this one came from), returns it to this task,
+claimed with its input; into a light stage, while the claim's lease has more than half left,
+that hand-over is not written at all: the chain's next write records it (see workers/runner.py).
+A send the broker refuses hands the document to the reconciler.
 """
 
 from __future__ import annotations
@@ -46,17 +47,17 @@ class ClaimedStage:
     trace: dict[str, str] | None = None  # the parent of a chained stage's span
 
 
-def artifact_key(ref: StageRef, stage: Stage) -> str:
-    return blobs.artifact_key(ref.tenant_id, ref.kb_id, ref.doc_id, ref.content_version, stage.value)
+def artifact_key(ref: StageRef, doc: Document, stage: Stage) -> str:
+    return blobs.artifact_key(doc, ref.content_version, stage.value)
 
 
-def drop_artifacts(ctx: WorkerContext, ref: StageRef, *, older: bool = True) -> None:
+def drop_artifacts(ctx: WorkerContext, ref: StageRef, doc: Document, *, older: bool = True) -> None:
     """Remove what the stages of this version (and, with `older`, of every version before it)
     handed on: the parsed text and the chunks before redaction among it. Kept by a version that
     failed or was superseded, they were raw document text left in the blob store."""
     first = 1 if older else ref.content_version
     versions = range(first, ref.content_version + 1)
-    ctx.blobs.drop_artifacts(blobs.version_artifact_keys(ref.tenant_id, ref.kb_id, ref.doc_id, versions))
+    ctx.blobs.drop_artifacts(blobs.version_artifact_keys(doc, versions))
 
 
 def stage_input(ctx: WorkerContext, item: ClaimedStage, files: contextlib.ExitStack) -> Any:
@@ -70,7 +71,11 @@ def stage_input(ctx: WorkerContext, item: ClaimedStage, files: contextlib.ExitSt
         # A file of this host (the store may be a bucket), kept until the stage is done with it.
         return files.enter_context(ctx.blobs.local_file(item.claim.doc.content_hash))
     previous = PIPELINE[PIPELINE.index(item.ref.stage) - 1]
-    return ctx.blobs.get_artifact(artifact_key(item.ref, previous))
+    try:
+        return ctx.blobs.get_artifact(artifact_key(item.ref, item.claim.doc, previous))
+    except FileNotFoundError:
+        unstamped = blobs.unstamped_artifact_key(item.claim.doc, item.ref.content_version, previous)
+        return ctx.blobs.get_artifact(unstamped)
 
 
 def runs_here(ctx: WorkerContext, doc: Document, stage: Stage, nxt: Stage, stages: Stages | None) -> bool:
@@ -146,7 +151,7 @@ def hand_over(
     chains, given `stages`) to this task, returned claimed with its input."""
     nxt = lifecycle.next_stage(ref.stage, result)
     if nxt is not None:
-        ctx.blobs.put_artifact(artifact_key(ref, ref.stage), result.artifact)
+        ctx.blobs.put_artifact(artifact_key(ref, claimed.doc, ref.stage), result.artifact)
     # A document moved to another queue (workers/stages/chunk.py) is sent there, never chained.
     moves = result.updates.get("queue", claimed.doc.queue) != claimed.doc.queue
     chains = nxt is not None and not moves and runs_here(ctx, claimed.doc, ref.stage, nxt, stages)
@@ -174,15 +179,17 @@ def hand_over(
     try:
         written = _write(ctx, claimed, doc, result.pin)
     except Conflict:
-        # Superseded while working (a new version or a delete). The newer state wins; the
-        # artifacts written above belong to this version only and are never read by another.
-        # (A conflict within this version, a resend by the reconciler, leaves them to that run.)
+        # Superseded while working (a new version, a delete, or a new record of the same id after
+        # its KB was deleted and created again). The newer state wins; the artifacts written above
+        # belong to this version of this record only and are never read by another. (A conflict
+        # within this version, a resend by the reconciler, leaves them to that run.)
         log.info("document %s/%s changed during %s; dropping this result", ref.kb_id, ref.doc_id, ref.stage)
         now = ctx.registry.get_doc(ref.tenant_id, ref.kb_id, ref.doc_id)
         if now is None and result.undo is not None:
             result.undo()
-        if lifecycle.superseded(now.doc if now else None, ref.content_version):
-            drop_artifacts(ctx, ref, older=False)
+        replaced = now is not None and now.doc.created_at != claimed.doc.created_at
+        if replaced or lifecycle.superseded(now.doc if now else None, ref.content_version):
+            drop_artifacts(ctx, ref, claimed.doc, older=False)
         return None
     except Exception as error:
         if next_ref is not None and is_outage(error):
@@ -199,7 +206,7 @@ def hand_over(
     if next_ref is None:
         metrics.document_ready()
         log.info("document %s/%s ready: %d chunks", ref.kb_id, ref.doc_id, doc.chunk_count)
-        drop_artifacts(ctx, ref)  # and those of versions superseded before they finished
+        drop_artifacts(ctx, ref, doc)  # and those of versions superseded before they finished
         return None
     if moved.chains:
         return ClaimedStage(next_ref, written, result.artifact, tracing.carrier())

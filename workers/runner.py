@@ -75,7 +75,7 @@ def _claim(ctx: WorkerContext, ref: StageRef) -> Versioned | None:
     if isinstance(decision, lifecycle.GiveUp):
         ctx.registry.replace_doc(current, decision.doc)
         metrics.document_failed(ref.stage.value, ErrorCode.RETRIES_EXHAUSTED.value)
-        drop_artifacts(ctx, ref)
+        drop_artifacts(ctx, ref, current.doc)
         return None
     try:
         return ctx.registry.replace_doc(current, decision.doc)
@@ -324,7 +324,7 @@ def _finish_failed(
             ctx.registry.replace_doc(current, lifecycle.fail(current.doc, ref.stage, error, utcnow()))
             metrics.document_failed(ref.stage.value, error.code.value)
             log.warning("document %s/%s failed at %s: %s", ref.kb_id, ref.doc_id, ref.stage, error)
-            drop_artifacts(ctx, ref)
+            drop_artifacts(ctx, ref, current.doc)
             return
         except Conflict:
             current = None
