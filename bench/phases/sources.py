@@ -168,7 +168,8 @@ def _one_type(
         started = time.monotonic()
         run = _wait(sources, tenant, kb, kind, sources.sync(tenant, kb, kind))
         if run.status.value != "succeeded":
-            raise SystemExit(f"bench: the {kind} source's run failed: {run.error}")
+            why = run.error or run.failures
+            raise SystemExit(f"bench: the {kind} source's run ended {run.status.value}: {why}")
         return round(time.monotonic() - started, 2), run
 
     bench.say(f"sources: {kind}, first sync of {count} documents")

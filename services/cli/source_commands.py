@@ -15,7 +15,7 @@ source_app = typer.Typer(
     help="Sources that keep a knowledge base in sync (folder, s3, web, git).", no_args_is_help=True
 )
 
-ENDED = ("succeeded", "failed", "cancelled")
+ENDED = ("succeeded", "completed_with_errors", "failed", "cancelled")
 COLUMNS = ["source_id", "type", "name", "schedule", "last run", "next_run_at"]
 
 
@@ -263,10 +263,7 @@ def _run_line(run: dict[str, Any]) -> str:
     shown = ", ".join(f"{k} {v}" for k, v in counts.items() if v)
     duration = f" in {run['duration_s']} s" if run.get("duration_s") is not None else ""
     error = f" ({run['error']['code']}: {run['error']['message']})" if run.get("error") else ""
-    # A run succeeds when it went through its listing; items of it may still have failed.
-    status = (
-        "ended with failed items" if run["status"] == "succeeded" and counts.get("failed") else run["status"]
-    )
+    status = str(run["status"]).replace("_", " ")
     return f"{status}: listed {run.get('listed', 0)}{'; ' + shown if shown else ''}{duration}{error}"
 
 

@@ -202,12 +202,19 @@ class RunStatus(StrEnum):
     QUEUED = "queued"
     RUNNING = "running"
     SUCCEEDED = "succeeded"
+    # Went through its listing, and items of it failed: their documents stay as they were.
+    COMPLETED_WITH_ERRORS = "completed_with_errors"
     FAILED = "failed"
     CANCELLED = "cancelled"
 
     @property
     def active(self) -> bool:
         return self in (RunStatus.QUEUED, RunStatus.RUNNING)
+
+    @property
+    def completed(self) -> bool:
+        """Went through its listing: what it found is what the source holds now."""
+        return self in (RunStatus.SUCCEEDED, RunStatus.COMPLETED_WITH_ERRORS)
 
 
 class ItemOutcome(StrEnum):

@@ -14,7 +14,7 @@ import pytest
 from tests.e2e.helpers import Server
 from tests.integration.stack_control import kill_worker, stack
 
-ENDED = ("succeeded", "failed", "cancelled")
+ENDED = ("succeeded", "completed_with_errors", "failed", "cancelled")
 
 
 def new_kb(server: Server, prefix: str) -> Iterator[str]:

@@ -120,7 +120,7 @@ def test_an_upload_and_a_source_never_take_each_others_documents(
         assert uploaded.status_code == 202, uploaded.text
         add(client, kb, {"type": "folder", "source_id": "mine", "settings": {"path": str(folder)}})
         run = sync(client, kb, "mine")
-        assert counts(run) == {"failed": 1}
+        assert (run["status"], counts(run)) == ("completed_with_errors", {"failed": 1}), run
         assert run["failures"][0]["code"] == "CONFLICT"
         assert "belongs to an upload" in run["failures"][0]["message"]
         # With a prefix the two live side by side.

@@ -143,7 +143,7 @@ def test_a_listing_that_raises_an_untyped_exception_fails_the_run_and_deletes_no
 
 def test_an_item_that_raises_an_untyped_exception_fails_alone(case: Case) -> None:
     run = case.run(Listing([_item("a.txt"), _item("b.txt")], unreadable=("a.txt",)))
-    assert run.status == RunStatus.SUCCEEDED
+    assert run.status == RunStatus.COMPLETED_WITH_ERRORS
     assert (run.counts["created"], run.counts["failed"]) == (1, 1)
     assert [(f.key, f.code) for f in run.failures] == [("a.txt", "INTERNAL")]
 
@@ -153,7 +153,7 @@ def test_two_items_that_name_one_document_never_delete_it_while_one_is_listed(ca
     # "sub/index.html"): the first listed keeps it, the other fails CONFLICT instead of replacing it.
     both = [_item("a b.txt", "a-b.txt", "spaced"), _item("a-b.txt", "a-b.txt", "dashed")]
     first = case.run(Listing(both))
-    assert first.status == RunStatus.SUCCEEDED
+    assert first.status == RunStatus.COMPLETED_WITH_ERRORS
     assert (first.counts["created"], first.counts["failed"]) == (1, 1)
     assert [(f.key, f.code) for f in first.failures] == [("a-b.txt", "CONFLICT")]
     # "a b.txt" is gone at the source; "a-b.txt", still there, takes the document over. Deleting the

@@ -81,10 +81,11 @@ def test_a_table_prints_nothing_for_none_and_ids_as_written(
 
 
 def test_a_run_whose_items_failed_does_not_read_as_a_success() -> None:
-    run = {"run_id": "r1", "status": "succeeded", "listed": 3, "counts": {"created": 2, "failed": 1}}
+    counts = {"created": 2, "failed": 1}
+    run = {"run_id": "r1", "status": "completed_with_errors", "listed": 3, "counts": counts}
     line = source_commands._run_line(run)
-    assert line.startswith("ended with failed items: listed 3; created 2, failed 1")
-    assert source_commands._run_line({**run, "counts": {"created": 3}}).startswith("succeeded: listed 3")
+    assert line.startswith("completed with errors: listed 3; created 2, failed 1")
+    assert "completed_with_errors" in source_commands.ENDED
 
 
 def test_a_sync_waits_for_its_documents_and_fails_on_one_that_failed(

@@ -362,6 +362,8 @@ class SyncEngine:
         counts = self.store.run_outcomes(*scope, run.run_id)
         counts[ItemOutcome.UNCHANGED.value] += untouched
         failures = self.store.run_failures(*scope, run.run_id)
+        if status == RunStatus.SUCCEEDED and counts.get(ItemOutcome.FAILED.value):
+            status = RunStatus.COMPLETED_WITH_ERRORS
         finished = utcnow()
 
         def end(current: SyncRun) -> SyncRun:
@@ -386,7 +388,7 @@ class SyncEngine:
 
             def record(current: Source) -> Source:
                 update: dict[str, object] = {"last_run": ended}
-                if cursor is not None and status == RunStatus.SUCCEEDED:
+                if cursor is not None and status.completed:
                     update["cursor"] = cursor
                 if held is not None:
                     update["deletions_held"] = held
@@ -395,7 +397,7 @@ class SyncEngine:
                 return current.model_copy(update=update)
 
             self.store.update(*scope, record)
-        if status == RunStatus.SUCCEEDED:
+        if status.completed:
             self.store.drop_tombstones(*scope, run.run_id)
         ended = self.store.update_run(run.run_id, end)
         log.info(
