@@ -60,6 +60,18 @@ def drop_artifacts(ctx: WorkerContext, ref: StageRef, doc: Document, *, older: b
     ctx.blobs.drop_artifacts(blobs.version_artifact_keys(doc, versions))
 
 
+def drop_superseded(ctx: WorkerContext, ref: StageRef, claimed: Versioned) -> Versioned | None:
+    """After a write fenced by `claimed` conflicted: the record as it is now. When that is no
+    longer this version of this record (gone, created anew after its KB was deleted and created
+    again, or at a later version), what this version handed on goes: nothing else would ever read
+    or remove it, and it is the document's raw text."""
+    now = ctx.registry.get_doc(ref.tenant_id, ref.kb_id, ref.doc_id)
+    replaced = now is not None and now.doc.created_at != claimed.doc.created_at
+    if replaced or lifecycle.superseded(now.doc if now else None, ref.content_version):
+        drop_artifacts(ctx, ref, claimed.doc, older=False)
+    return now
+
+
 def stage_input(ctx: WorkerContext, item: ClaimedStage, files: contextlib.ExitStack) -> Any:
     """The stage's input: handed on in this task, or as the stage before left it in the blob store
     (fetch: the document's URL; parse: the document's bytes)."""
@@ -184,12 +196,8 @@ def hand_over(
         # belong to this version of this record only and are never read by another. (A conflict
         # within this version, a resend by the reconciler, leaves them to that run.)
         log.info("document %s/%s changed during %s; dropping this result", ref.kb_id, ref.doc_id, ref.stage)
-        now = ctx.registry.get_doc(ref.tenant_id, ref.kb_id, ref.doc_id)
-        if now is None and result.undo is not None:
+        if drop_superseded(ctx, ref, claimed) is None and result.undo is not None:
             result.undo()
-        replaced = now is not None and now.doc.created_at != claimed.doc.created_at
-        if replaced or lifecycle.superseded(now.doc if now else None, ref.content_version):
-            drop_artifacts(ctx, ref, claimed.doc, older=False)
         return None
     except Exception as error:
         if next_ref is not None and is_outage(error):

@@ -41,7 +41,15 @@ from shared.registry import Conflict, Versioned
 from workers import lifecycle, metrics, peers
 from workers.context import WorkerContext
 from workers.failures import classify, is_outage, outage_countdown, retry_countdown
-from workers.handover import ClaimedStage, drop_artifacts, hand_over, send, stage_input, write_stage_times
+from workers.handover import (
+    ClaimedStage,
+    drop_artifacts,
+    drop_superseded,
+    hand_over,
+    send,
+    stage_input,
+    write_stage_times,
+)
 from workers.lease import LeaseKeeper, lifecycle_policy, stage_lease
 from workers.stages.base import StageResult, Stages, TurnEnded
 
@@ -285,8 +293,9 @@ def _next_turn(ctx: WorkerContext, items: list[ClaimedStage], retries_done: int,
     until = utcnow() + lifecycle_policy(ctx.settings).queue_lease
     for position, item in enumerate(items):
         try:
-            with contextlib.suppress(Conflict):  # superseded meanwhile: nothing of ours to release
-                ctx.registry.replace_doc(item.claim, lifecycle.release_turn(item.claim.doc, until))
+            ctx.registry.replace_doc(item.claim, lifecycle.release_turn(item.claim.doc, until))
+        except Conflict:  # superseded meanwhile: nothing of ours to release
+            drop_superseded(ctx, item.ref, item.claim)
         finally:
             send(ctx, item.ref, item.claim.doc.queue, retries=retries_done if position == 0 else 0)
 
@@ -295,8 +304,10 @@ def _release(
     ctx: WorkerContext, ref: StageRef, claimed: Versioned, error: RaglineError, until: datetime
 ) -> None:
     released = lifecycle.release_for_retry(claimed.doc, ref.stage, error, until)
-    with contextlib.suppress(Conflict):  # superseded meanwhile: nothing of ours to release
+    try:
         ctx.registry.replace_doc(claimed, released)
+    except Conflict:  # superseded meanwhile: nothing of ours to release
+        drop_superseded(ctx, ref, claimed)
 
 
 def _finish_failed(
@@ -316,9 +327,13 @@ def _finish_failed(
     for _ in range(5):
         if current is None:
             current = ctx.registry.get_doc(ref.tenant_id, ref.kb_id, ref.doc_id)
-        if current is None or lifecycle.superseded(current.doc, ref.content_version):
-            return
-        if created_at is not None and current.doc.created_at != created_at:
+        if (
+            current is None
+            or lifecycle.superseded(current.doc, ref.content_version)
+            or (created_at is not None and current.doc.created_at != created_at)
+        ):
+            if claimed is not None:  # what this version of this record handed on goes with it
+                drop_artifacts(ctx, ref, claimed.doc, older=False)
             return
         try:
             ctx.registry.replace_doc(current, lifecycle.fail(current.doc, ref.stage, error, utcnow()))

@@ -22,6 +22,7 @@ S3_PASS_TESTS=(
   tests/integration/test_pii_erasure.py
   tests/integration/test_recovery.py
   tests/integration/test_kb_updates.py
+  tests/integration/test_stage_artifacts.py
 )
 S3_PASS_STATE=$STATE_DIR/s3-pass
 s3_pass_state="" # set while the S3 pass's worker may run, so the teardown stops it too

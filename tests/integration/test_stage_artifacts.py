@@ -10,11 +10,13 @@ import time
 from datetime import timedelta
 
 from shared import blobs
+from shared.errors import TransientError
 from shared.ingest import StageRef
 from shared.models import DocStatus, KnowledgeBase, Stage, utcnow
 from shared.registry import Versioned
 from shared.wiring import Services
 from tests.integration.helpers import new_kb, orphan
+from workers import runner
 from workers.handover import UNREAD, ClaimedStage, hand_over, stage_input
 from workers.lease import WORKER_ID
 from workers.pipeline import STAGES
@@ -24,9 +26,9 @@ from workers.stages.base import StageResult
 NAME = "notes.txt"
 
 
-def _parsing(services: Services, kb: KnowledgeBase, text: str) -> Versioned:
-    """A record claimed at parse by this test, with less than half a stage lease left, so its
-    hand-over is written (and fenced) rather than left to the next write."""
+def _parsing(services: Services, kb: KnowledgeBase, text: str, lease_s: int = 10) -> Versioned:
+    """A record claimed at parse by this test; with less than half a stage lease left (10 s), its
+    chained hand-over is written (and fenced) rather than left to the next write."""
     orphan(
         services.registry,
         services.settings,
@@ -37,7 +39,7 @@ def _parsing(services: Services, kb: KnowledgeBase, text: str) -> Versioned:
         stage=Stage.PARSE,
         attempts=1,
         claimed_by=WORKER_ID,
-        lease_until=utcnow() + timedelta(seconds=10),
+        lease_until=utcnow() + timedelta(seconds=lease_s),
     )
     return services.registry.require_doc(kb.tenant_id, kb.kb_id, NAME)
 
@@ -75,3 +77,20 @@ def test_an_old_records_stage_neither_overwrites_nor_feeds_the_new_record(servic
     # What the old record's stage wrote went with its conflict: no raw text outlives its record.
     assert not services.blobs.has_artifact(_parse_output(old))
     assert services.blobs.has_artifact(_parse_output(new))
+
+
+def test_a_stage_that_outlived_its_record_leaves_no_artifact_behind(services: Services) -> None:
+    """A chained hand-over is not written while the claim's lease is long: the chain's next write
+    records it. When that write is a release for retry and conflicts, because the record went with
+    its KB meanwhile, the artifacts of the chain went nowhere: raw text no one would read or remove."""
+    kb = new_kb(services.registry, pii_policy="off")
+    claimed = _parsing(services, kb, "Raw text of a knowledge base about to be deleted.\n", lease_s=600)
+    ref = StageRef(kb.tenant_id, kb.kb_id, NAME, claimed.doc.content_version, Stage.PARSE)
+    chained = hand_over(services, ref, claimed, _parsed(services, claimed), 0.1, STAGES)
+    assert chained is not None
+    assert services.blobs.has_artifact(_parse_output(claimed))
+    services.registry.drop_doc(claimed.doc)  # its KB deleted
+
+    runner._release(services, chained.ref, chained.claim, TransientError("try again"), utcnow())
+
+    assert not services.blobs.has_artifact(_parse_output(claimed))
