@@ -6,7 +6,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from bench.run import main, only_sources
+from bench.run import main, only_ingest, only_sources
 from client.http import default_key, default_server
 from shared.config import ConfigError, get_settings
 
@@ -16,8 +16,9 @@ def run(argv: list[str] | None = None) -> int:
     parser.add_argument("--quick", action="store_true", help="60 pages, fewer queries.")
     parser.add_argument(
         "--only",
-        choices=["sources"],
-        help="Run this phase alone (sources: the unchanged re-sync of each source type).",
+        choices=["ingest", "sources"],
+        help="Run this phase alone (ingest: the whole-corpus load and its CPU a chunk per service; "
+        "sources: the unchanged re-sync of each source type).",
     )
     args = parser.parse_args(argv)
     try:
@@ -29,7 +30,9 @@ def run(argv: list[str] | None = None) -> int:
     if key is None:
         print("AUTH_ERROR: no API key; set RAGLINE_API_KEY or run `make up`", file=sys.stderr)
         return 2
-    if args.only == "sources":
+    if args.only == "ingest":
+        only_ingest(settings, default_server(settings), key, args.quick)
+    elif args.only == "sources":
         only_sources(settings, default_server(settings), key, args.quick)
     else:
         main(settings, default_server(settings), key, args.quick)

@@ -26,25 +26,33 @@ from bench.phases.quality import quality_figures
 from bench.phases.reingest import reingest_figures
 from bench.phases.scaling import SUBSET, SUBSET_QUICK, scaling_figures
 from bench.phases.sources import sources_figures
-from bench.report import sources_table, write_report
+from bench.report import cpu_targets, sources_table, write_report
 from bench.session import Bench
 from shared.config import REPO_ROOT, Settings
+
+
+def _cache() -> Path:
+    """The local stack's artifact cache (deploy/local/lib.sh reads the same variable)."""
+    return Path(os.environ.get("RAGLINE_CACHE_DIR") or Path.home() / ".cache" / "ragline")
+
+
+def _results() -> Path:
+    out = REPO_ROOT / "bench" / "results"
+    out.mkdir(parents=True, exist_ok=True)
+    return out
 
 
 def main(settings: Settings, server: str, api_key: str, quick: bool) -> Path:
     console = Console()
     bench = Bench(settings, server, api_key, quick, console)
     started = time.monotonic()
-    # The local stack's artifact cache (deploy/local/lib.sh reads the same variable).
-    cache = Path(os.environ.get("RAGLINE_CACHE_DIR") or Path.home() / ".cache" / "ragline")
-    corpus, queries, qrels = manbench(cache)
+    corpus, queries, qrels = manbench(_cache())
     docs = corpus[:CORPUS_QUICK] if quick else corpus
     included = {d["_id"] for d in docs}
     judged = {q: rel & included for q, rel in qrels.items() if rel & included}
     query_texts = {q: queries[q] for q in sorted(judged)}
     bench.results["corpus"] = {"documents": len(docs), "queries": len(query_texts), "source": "manbench"}
-    out = REPO_ROOT / "bench" / "results"
-    out.mkdir(parents=True, exist_ok=True)
+    out = _results()
     path = out / f"{bench.stamp}.json"
 
     def save() -> None:  # after every phase, so a run cut short still leaves its figures
@@ -85,14 +93,32 @@ def main(settings: Settings, server: str, api_key: str, quick: bool) -> Path:
     return path
 
 
+def only_ingest(settings: Settings, server: str, api_key: str, quick: bool) -> Path:
+    """The ingest phase alone (the whole-corpus load, its CPU a chunk per service against the raw
+    model's, memory and index bytes): bench/results/<stamp>-ingest.{json,md}."""
+    bench = Bench(settings, server, api_key, quick, Console())
+    corpus, _, _ = manbench(_cache())
+    docs = corpus[:CORPUS_QUICK] if quick else corpus
+    try:
+        with bench.phase("ingest"):
+            ingest_figures(bench, docs, os.cpu_count() or 1)
+    finally:
+        restart_worker(settings, settings.celery.worker_concurrency)
+    path = _results() / f"{bench.stamp}-ingest.json"
+    path.write_text(json.dumps(bench.results, indent=2))
+    path.with_suffix(".md").write_text("\n".join(cpu_targets(bench.results["ingest"])) + "\n")
+    bench.drop_kbs()
+    shutil.rmtree(bench.work, ignore_errors=True)
+    bench.console.print(f"bench: wrote {path} and {path.with_suffix('.md')}")
+    return path
+
+
 def only_sources(settings: Settings, server: str, api_key: str, quick: bool) -> Path:
     """The sources phase alone: bench/results/<stamp>-sources.{json,md}."""
     bench = Bench(settings, server, api_key, quick, Console())
     with bench.phase("sources"):
         sources_figures(bench)
-    out = REPO_ROOT / "bench" / "results"
-    out.mkdir(parents=True, exist_ok=True)
-    path = out / f"{bench.stamp}-sources.json"
+    path = _results() / f"{bench.stamp}-sources.json"
     path.write_text(json.dumps(bench.results, indent=2))
     path.with_suffix(".md").write_text("\n".join(sources_table(bench.results["sources"])) + "\n")
     bench.console.print(f"bench: wrote {path} and {path.with_suffix('.md')}")

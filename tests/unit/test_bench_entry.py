@@ -26,6 +26,7 @@ def test_python_m_bench_lists_its_options() -> None:
     done = _bench("--help", env=dict(os.environ))
     assert done.returncode == 0, done.stderr
     assert "--quick" in done.stdout
+    assert "{ingest,sources}" in done.stdout
 
 
 def test_without_a_key_the_bench_refuses_before_it_measures(tmp_path: Path) -> None:
