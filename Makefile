@@ -6,6 +6,9 @@ VENV ?= $(or $(RAGLINE_VENV),.venv)
 # checkout's editable install, whose `ragline up` would run that checkout's scripts and code.
 export PYTHONPATH := $(CURDIR)$(if $(PYTHONPATH),:$(PYTHONPATH))
 STACK := bash deploy/local/stack.sh
+# A tool run here against the local stack reaches its servers where deploy/local/lib.sh puts them:
+# on a moved port (RAGLINE_REDIS_PORT, RAGLINE_OPENSEARCH_PORT) too, not another stack's default one.
+STACK_ENV := source deploy/local/lib.sh &&
 
 .PHONY: install up demo down status test soak bench bench-quick lint format clean-state
 
@@ -33,10 +36,10 @@ soak: install  ## the fault tests with 1,000 documents and three rounds of each 
 		bash deploy/local/test.sh -s tests/integration/test_faults.py tests/integration/test_cluster.py
 
 bench: up  ## throughput, latency, quality and memory vs baselines -> bench/results/
-	@$(VENV)/bin/python -m bench
+	@$(STACK_ENV) $(VENV)/bin/python -m bench
 
 bench-quick: up
-	@$(VENV)/bin/python -m bench --quick
+	@$(STACK_ENV) $(VENV)/bin/python -m bench --quick
 
 lint: install
 	@$(VENV)/bin/ruff check . && $(VENV)/bin/ruff format --check . && $(VENV)/bin/mypy
