@@ -164,6 +164,32 @@ def test_two_items_that_name_one_document_never_delete_it_while_one_is_listed(ca
     assert set(case.live()) == {"a-b.txt"}
 
 
+def test_items_that_only_ever_failed_are_none_of_the_sources_documents(case: Case) -> None:
+    """Two items whose ids uploads hold failed CONFLICT. Gone from the listing, they counted as
+    documents the run would delete: "would delete 2 of the source's 3 documents", the run failed
+    and the source's deletions were held, though it would delete nothing. Let through, the run
+    said "deleted 2" and deleted nothing."""
+    kb = case.kb
+    for name in ("u1.txt", "u2.txt"):
+        case.services.ingestor.submit(kb.tenant_id, kb.kb_id, b"an upload", filename=name, doc_id=name)
+    first = case.run(Listing([_item("p.txt"), _item("u1.txt"), _item("u2.txt")]))
+    assert (first.status, first.counts["created"], first.counts["failed"]) == (
+        RunStatus.COMPLETED_WITH_ERRORS,
+        1,
+        2,
+    )
+
+    second = case.run(Listing([_item("p.txt")]))
+
+    assert second.status == RunStatus.SUCCEEDED, second.error
+    assert (second.counts["deleted"], second.counts["unchanged"]) == (0, 1)
+    for name in ("u1.txt", "u2.txt"):
+        upload = case.services.registry.require_doc(kb.tenant_id, kb.kb_id, name).doc
+        assert (upload.source_id, upload.status in _ABSENT) == (None, False)
+    scope = (kb.tenant_id, kb.kb_id, case.source.source_id)
+    assert not case.services.source_store.get(*scope).deletions_held
+
+
 def test_a_removal_deletes_the_documents_of_a_run_that_died_before_writing_its_items(case: Case) -> None:
     with pytest.raises(Died):
         case.run(Listing([_item("a.txt"), _item("b.txt")], then=Died()))

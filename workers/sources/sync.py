@@ -158,7 +158,10 @@ class SyncEngine:
                 and known.outcome != ItemOutcome.DELETED
             ]
             if not run.allow_deletions:
-                check_deletions(source, len(missing), state.known.values())
+                # Only items that hold one of the source's documents count, gone or not: one that
+                # only ever failed (its doc id an upload's, say) has nothing the run would delete.
+                holding = [known for known in state.known.values() if _holds_document(state, known)]
+                check_deletions(source, sum(1 for known in missing if _holds_document(state, known)), holding)
             for known in missing:
                 self._keep(state, self._delete(state, known))
             self._flush(state, run)
@@ -276,8 +279,10 @@ class SyncEngine:
         )
         if state.claimed.get(known.doc_id, known.key) != known.key:
             return deleted  # its document is another item's, still at the source
-        if state.present.get(known.doc_id) in (None, *_ABSENT):
-            return deleted  # deleted by hand already, its id maybe an upload's now: not the source's
+        if not _holds_document(state, known):
+            # Deleted by hand already, or never the source's (its id an upload's): forgotten, and
+            # not counted as deleted by this run, which deleted nothing.
+            return known.model_copy(update={"outcome": ItemOutcome.DELETED, "error": None})
         try:
             self.ingestor.delete(source.tenant_id, source.kb_id, known.doc_id)
         except NotFound:
@@ -426,6 +431,11 @@ def _connector_faults(what: str) -> Iterator[None]:
         raise RaglineError(
             f"the source's {what} failed unexpectedly ({type(error).__name__})", code=ErrorCode.INTERNAL
         ) from error
+
+
+def _holds_document(state: _Pass, known: ItemState) -> bool:
+    """Whether the item's document is one of the source's as the run began."""
+    return state.present.get(known.doc_id) not in (None, *_ABSENT)
 
 
 class DeletionsHeld(RaglineError):
