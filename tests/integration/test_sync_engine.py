@@ -160,7 +160,8 @@ def test_two_items_that_name_one_document_never_delete_it_while_one_is_listed(ca
     # gone item's document deleted the live one's too.
     second = case.run(Listing([_item("a-b.txt", "a-b.txt", "dashed")]))
     assert second.status == RunStatus.SUCCEEDED
-    assert (second.counts["updated"], second.counts["deleted"]) == (1, 1)
+    # Nothing was deleted, and the run no longer says it deleted one.
+    assert (second.counts["updated"], second.counts["deleted"]) == (1, 0)
     assert set(case.live()) == {"a-b.txt"}
 
 
@@ -188,6 +189,26 @@ def test_items_that_only_ever_failed_are_none_of_the_sources_documents(case: Cas
         assert (upload.source_id, upload.status in _ABSENT) == (None, False)
     scope = (kb.tenant_id, kb.kb_id, case.source.source_id)
     assert not case.services.source_store.get(*scope).deletions_held
+
+
+def test_other_names_of_one_document_do_not_make_the_source_look_bigger(case: Case) -> None:
+    """Three names of document k.txt failed CONFLICT (the first listed owns it). Counted as items,
+    they made 3 of 4 documents read as 3 of 7, and the run deleted three quarters of the source."""
+    names = [_item("k.txt"), *(_item(f"k{n}.txt", "k.txt", f"alias {n}") for n in range(3))]
+    docs = [_item(f"d{n}.txt") for n in range(3)]
+    first = case.run(Listing([*docs, *names]))
+    assert (first.counts["created"], first.counts["failed"]) == (4, 3)
+
+    second = case.run(Listing(names))
+
+    assert second.status == RunStatus.FAILED
+    assert second.error is not None
+    assert "3 of the source's 4 documents" in second.error.message
+    assert set(case.live()) == {"d0.txt", "d1.txt", "d2.txt", "k.txt"}
+    # One name of k.txt gone, the others still listed: nothing is deleted, nor counted as deleted.
+    third = case.run(Listing([*docs, *names[:-1]]))
+    assert third.counts["deleted"] == 0, third.counts
+    assert "k.txt" in case.live()
 
 
 def test_a_removal_deletes_the_documents_of_a_run_that_died_before_writing_its_items(case: Case) -> None:

@@ -15,7 +15,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import time
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from datetime import timedelta
 
@@ -158,10 +158,11 @@ class SyncEngine:
                 and known.outcome != ItemOutcome.DELETED
             ]
             if not run.allow_deletions:
-                # Only items that hold one of the source's documents count, gone or not: one that
-                # only ever failed (its doc id an upload's, say) has nothing the run would delete.
-                holding = [known for known in state.known.values() if _holds_document(state, known)]
-                check_deletions(source, sum(1 for known in missing if _holds_document(state, known)), holding)
+                # Documents count, not items: an item that only ever failed (its doc id an upload's,
+                # or taken by another name of the same document) has nothing the run would delete.
+                doomed = {known.doc_id for known in missing if _deletes_document(state, known)}
+                live = [status for status in state.present.values() if status not in _ABSENT]
+                check_deletions(source, len(doomed), len(live))
             for known in missing:
                 self._keep(state, self._delete(state, known))
             self._flush(state, run)
@@ -277,11 +278,10 @@ class SyncEngine:
         deleted = known.model_copy(
             update={"run_id": state.run_id, "outcome": ItemOutcome.DELETED, "error": None}
         )
-        if state.claimed.get(known.doc_id, known.key) != known.key:
-            return deleted  # its document is another item's, still at the source
-        if not _holds_document(state, known):
-            # Deleted by hand already, or never the source's (its id an upload's): forgotten, and
-            # not counted as deleted by this run, which deleted nothing.
+        if not _deletes_document(state, known):
+            # Its document is another item's still at the source, was deleted by hand already, or
+            # was never the source's (its id an upload's): forgotten, and not counted as deleted
+            # by this run, which deleted nothing.
             return known.model_copy(update={"outcome": ItemOutcome.DELETED, "error": None})
         try:
             self.ingestor.delete(source.tenant_id, source.kb_id, known.doc_id)
@@ -433,16 +433,18 @@ def _connector_faults(what: str) -> Iterator[None]:
         ) from error
 
 
-def _holds_document(state: _Pass, known: ItemState) -> bool:
-    """Whether the item's document is one of the source's as the run began."""
-    return state.present.get(known.doc_id) not in (None, *_ABSENT)
+def _deletes_document(state: _Pass, known: ItemState) -> bool:
+    """Whether deleting a gone item deletes a document: one of the source's as the run began, that
+    no other item listed in this run names."""
+    owner = state.claimed.get(known.doc_id, known.key) == known.key
+    return owner and state.present.get(known.doc_id) not in (None, *_ABSENT)
 
 
 class DeletionsHeld(RaglineError):
     code = ErrorCode.CONFLICT
 
 
-def check_deletions(source: Source, missing: int, known: Iterable[ItemState]) -> None:
+def check_deletions(source: Source, missing: int, live: int) -> None:
     """Refuse a run that would delete more than the source's `max_deleted_share` of its documents
     (and more than one): a listing that found little (a site mid-deploy, an unmounted folder, a
     robots.txt typo) must not read as "everything is gone". Nothing is deleted then.
@@ -451,7 +453,6 @@ def check_deletions(source: Source, missing: int, known: Iterable[ItemState]) ->
     its documents, so the next run's share would pass. They are let go by a run that deletes at
     most one document (the source is whole again) or one allowed to delete.
     """
-    live = sum(1 for item in known if item.outcome != ItemOutcome.DELETED)
     if missing <= 1:
         return
     if source.deletions_held:
