@@ -16,12 +16,12 @@ from typing import cast
 import pytest
 
 from shared.errors import TransientError
-from shared.models import DocStatus, KnowledgeBase
+from shared.models import DocStatus, ErrorInfo, KnowledgeBase
 from shared.registry import Registry
 from shared.sources.models import ItemState, RunStatus, Source, SourceType, SyncRun, Trigger
 from shared.sources.store import SourceStore
 from shared.wiring import Services
-from tests.integration.helpers import new_kb
+from tests.integration.helpers import new_kb, wait_terminal
 from workers import leader
 from workers.sources import runner
 from workers.sources.connector import Connector, Found, Gone
@@ -44,8 +44,10 @@ class Listing(Connector):
     items: list[Found]
     then: BaseException | None = None
     unreadable: tuple[str, ...] = ()
+    told: Mapping[str, ItemState] | None = None  # what the engine said the source remembers
 
     def scan(self, known: Mapping[str, ItemState], run_id: str) -> Iterator[Found | Gone]:
+        self.told = known
         yield from self.items
         if self.then is not None:
             raise self.then
@@ -209,6 +211,54 @@ def test_other_names_of_one_document_do_not_make_the_source_look_bigger(case: Ca
     third = case.run(Listing([*docs, *names[:-1]]))
     assert third.counts["deleted"] == 0, third.counts
     assert "k.txt" in case.live()
+
+
+def test_a_document_that_failed_for_good_fails_each_run_until_its_item_changes(case: Case) -> None:
+    """The pipeline failed a file's document after the run had ended. The unchanged file was never
+    looked at again: every later run said `succeeded`, and only the document list showed it."""
+    kb, blank = case.kb, _item("blank.txt", content=" \n\n ")
+    first = case.run(Listing([_item("a.txt"), blank]))
+    assert (first.status, first.counts["created"]) == (RunStatus.SUCCEEDED, 2)
+    failed = wait_terminal(case.services.registry, kb, ["a.txt", "blank.txt"])["blank.txt"]
+    assert (failed.status, failed.error and failed.error.code) == (DocStatus.FAILED, "EMPTY_DOCUMENT")
+
+    listing = Listing([_item("a.txt"), blank])
+    second = case.run(listing)
+
+    # Told it failed, a git listing offers it again though no commit changed it, a web page is
+    # fetched in full (a 304 would leave nothing to submit).
+    assert listing.told is not None
+    told = {key: item.outcome.value for key, item in listing.told.items()}
+    assert told == {"a.txt": "created", "blank.txt": "failed"}
+    assert second.status == RunStatus.COMPLETED_WITH_ERRORS
+    assert (second.counts["unchanged"], second.counts["failed"]) == (1, 1)
+    assert [(f.key, f.code) for f in second.failures] == [("blank.txt", "EMPTY_DOCUMENT")]
+    assert "the document failed in" in second.failures[0].message
+    # A final failure is not worked on again: the same bytes would fail the same way.
+    again = case.services.registry.require_doc(kb.tenant_id, kb.kb_id, "blank.txt").doc
+    assert again.content_version == failed.content_version
+    mended = case.run(Listing([_item("a.txt"), _item("blank.txt", content="text at last")]))
+    assert mended.status == RunStatus.SUCCEEDED
+    assert (mended.counts["unchanged"], mended.counts["updated"]) == (1, 1)
+
+
+def test_a_document_that_failed_for_now_is_tried_again_by_the_next_run(case: Case) -> None:
+    kb = case.kb
+    first = case.run(Listing([_item("a.txt")]))
+    assert first.counts["created"] == 1
+    registry = case.services.registry
+    done = wait_terminal(registry, kb, ["a.txt"])["a.txt"]
+    assert done.status == DocStatus.READY
+    # What a failure the pipeline gave up retrying leaves (an outage longer than its attempts).
+    current = registry.require_doc(kb.tenant_id, kb.kb_id, "a.txt")
+    lost = ErrorInfo(code="RETRIES_EXHAUSTED", stage="embed", message="Redis was gone", retryable=True)
+    registry.replace_doc(current, current.doc.model_copy(update={"status": DocStatus.FAILED, "error": lost}))
+
+    second = case.run(Listing([_item("a.txt")]))
+
+    assert (second.status, second.counts["updated"]) == (RunStatus.SUCCEEDED, 1)
+    retried = wait_terminal(registry, kb, ["a.txt"])["a.txt"]
+    assert (retried.status, retried.content_version) == (DocStatus.READY, done.content_version + 1)
 
 
 def test_a_removal_deletes_the_documents_of_a_run_that_died_before_writing_its_items(case: Case) -> None:

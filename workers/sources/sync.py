@@ -134,7 +134,7 @@ class SyncEngine:
         )
         checked = time.monotonic()
         try:
-            for entry in _listed(connector.scan(state.known, run.run_id)):
+            for entry in _listed(connector.scan(_for_listing(state), run.run_id)):
                 if time.monotonic() - checked > CHECK_EVERY_S:
                     self._check(run, may_go_on)
                     checked = time.monotonic()
@@ -217,13 +217,13 @@ class SyncEngine:
             return _failed(item, known, taken)
         if entry.error is not None:
             return _failed(item, known, entry.error)
-        live = (
-            known is not None
-            and known.outcome != ItemOutcome.DELETED
-            and state.present.get(doc_id) not in (None, *_ABSENT)
-        )
+        status = state.present.get(doc_id)
+        live = known is not None and known.outcome != ItemOutcome.DELETED and status not in (None, *_ABSENT)
         if (
             live
+            # A document that failed is submitted again: the ingestor retries it where a new
+            # attempt could succeed, and says `unchanged` where the failure was final.
+            and status != DocStatus.FAILED
             and known is not None
             and (entry.unchanged or (entry.version is not None and entry.version == known.version))
         ):
@@ -240,7 +240,27 @@ class SyncEngine:
             raise
         except RaglineError as error:
             return _failed(item, known, error)
+        if submitted == Outcome.UNCHANGED and status == DocStatus.FAILED:
+            final = self._final_failure(state.source, doc_id)
+            if final is not None:
+                # Its bytes are those that failed for good: the run says so as long as they stay.
+                return _failed(item, known, final)
         return item.model_copy(update={"version": entry.version, "outcome": _OUTCOMES[submitted]})
+
+    def _final_failure(self, source: Source, doc_id: str) -> RaglineError | None:
+        """Why the document failed, where it still has; None when it is no longer failed."""
+        current = self.registry.get_doc(source.tenant_id, source.kb_id, doc_id)
+        if current is None or current.doc.status != DocStatus.FAILED:
+            return None
+        found = current.doc.error
+        if found is None:
+            return RaglineError("the document failed", code=ErrorCode.INTERNAL)
+        try:
+            code = ErrorCode(found.code)
+        except ValueError:
+            code = ErrorCode.INTERNAL
+        stage = f" in {found.stage}" if found.stage else ""
+        return RaglineError(f"the document failed{stage}: {found.message}", code=code)
 
     def _submit(self, state: _Pass, entry: Found, doc_id: str, data: bytes) -> Outcome:
         """Submit the item's bytes; while the tenant's queue is full (429), wait as a client would.
@@ -431,6 +451,19 @@ def _connector_faults(what: str) -> Iterator[None]:
         raise RaglineError(
             f"the source's {what} failed unexpectedly ({type(error).__name__})", code=ErrorCode.INTERNAL
         ) from error
+
+
+def _for_listing(state: _Pass) -> Mapping[str, ItemState]:
+    """What the connector is told the source remembers: an item whose document failed reads as a
+    failed item, which every connector offers again in full (a git diff that does not name it
+    still lists it, a web page is fetched without the validators that would answer 304)."""
+    failed = {doc_id for doc_id, status in state.present.items() if status == DocStatus.FAILED}
+    return {
+        key: item.model_copy(update={"outcome": ItemOutcome.FAILED})
+        if item.doc_id in failed and item.outcome != ItemOutcome.DELETED
+        else item
+        for key, item in state.known.items()
+    }
 
 
 def _deletes_document(state: _Pass, known: ItemState) -> bool:
