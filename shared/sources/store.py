@@ -240,7 +240,16 @@ class SourceStore:
             "sort": [{"created_at": "desc"}],
         }
         hits = self.client.search(index=self.runs, body=body)["hits"]["hits"]
-        return [SyncRun.model_validate(hit["_source"]) for hit in hits]
+        runs = [SyncRun.model_validate(hit["_source"]) for hit in hits]
+        # A run's end is written with refresh=wait_for, and a GET sees it before a search does:
+        # the runs the search still finds active are read again, or the list would say `running`
+        # for a run that `GET .../runs/{id}` has just said ended.
+        active = [run.run_id for run in runs if run.status.active]
+        if not active:
+            return runs
+        found = self.client.mget(index=self.runs, body={"ids": active})["docs"]
+        fresh = {doc["_id"]: SyncRun.model_validate(doc["_source"]) for doc in found if doc.get("found")}
+        return [fresh.get(run.run_id, run) for run in runs]
 
     def active_run(self, tenant_id: str, kb_id: str, source_id: str) -> SyncRun | None:
         """The source's queued or running run, if any (there is at most one)."""
