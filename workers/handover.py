@@ -47,10 +47,6 @@ class ClaimedStage:
     trace: dict[str, str] | None = None  # the parent of a chained stage's span
 
 
-def artifact_key(ref: StageRef, doc: Document, stage: Stage) -> str:
-    return blobs.artifact_key(doc, ref.content_version, stage.value)
-
-
 def drop_artifacts(ctx: WorkerContext, ref: StageRef, doc: Document, *, older: bool = True) -> None:
     """Remove what the stages of this version (and, with `older`, of every version before it)
     handed on: the parsed text and the chunks before redaction among it. Kept by a version that
@@ -83,11 +79,11 @@ def stage_input(ctx: WorkerContext, item: ClaimedStage, files: contextlib.ExitSt
         # A file of this host (the store may be a bucket), kept until the stage is done with it.
         return files.enter_context(ctx.blobs.local_file(item.claim.doc.content_hash))
     previous = PIPELINE[PIPELINE.index(item.ref.stage) - 1]
+    doc, version = item.claim.doc, item.ref.content_version
     try:
-        return ctx.blobs.get_artifact(artifact_key(item.ref, item.claim.doc, previous))
+        return ctx.blobs.get_artifact(blobs.artifact_key(doc, version, previous.value))
     except FileNotFoundError:
-        unstamped = blobs.unstamped_artifact_key(item.claim.doc, item.ref.content_version, previous)
-        return ctx.blobs.get_artifact(unstamped)
+        return ctx.blobs.get_artifact(blobs.unstamped_artifact_key(doc, version, previous.value))
 
 
 def runs_here(ctx: WorkerContext, doc: Document, stage: Stage, nxt: Stage, stages: Stages | None) -> bool:
@@ -163,7 +159,8 @@ def hand_over(
     chains, given `stages`) to this task, returned claimed with its input."""
     nxt = lifecycle.next_stage(ref.stage, result)
     if nxt is not None:
-        ctx.blobs.put_artifact(artifact_key(ref, claimed.doc, ref.stage), result.artifact)
+        key = blobs.artifact_key(claimed.doc, ref.content_version, ref.stage.value)
+        ctx.blobs.put_artifact(key, result.artifact)
     # A document moved to another queue (workers/stages/chunk.py) is sent there, never chained.
     moves = result.updates.get("queue", claimed.doc.queue) != claimed.doc.queue
     chains = nxt is not None and not moves and runs_here(ctx, claimed.doc, ref.stage, nxt, stages)
