@@ -30,7 +30,7 @@ from shared.models import (
     Stage,
     entry_stage,
 )
-from workers.stages.base import BATCHED_STAGES, StageResult
+from workers.stages.base import BATCHED_STAGES, TURNS, StageResult, TurnTally
 
 if TYPE_CHECKING:
     from shared.ingest import StageRef
@@ -155,13 +155,25 @@ def release_for_retry(doc: Document, stage: Stage, error: RaglineError, lease_un
     return released
 
 
-def release_turn(doc: Document, lease_until: datetime) -> Document:
+def release_turn(doc: Document, lease_until: datetime, stage: Stage, tally: TurnTally | None) -> Document:
     """The document released between two turns of its stage, for a resend due before `lease_until`:
-    it stays at the stage with no error, as nothing failed."""
+    it stays at the stage with no error, as nothing failed. Its progress moves by the share of the
+    stage done, and its stats keep what the turns encoded (the last turn's stats count it)."""
     released = doc.model_copy()
     released.attempts = max(0, released.attempts - 1)  # a turn is not a lost claim either
     released.claimed_by = None
     released.lease_until = lease_until
+    if tally is None or tally.total == 0:
+        return released
+    share = (PIPELINE.index(stage) + tally.done / tally.total) / len(PIPELINE)
+    released.progress = max(released.progress, round(share, 4))
+    turns = doc.stats.get(TURNS, {})
+    if turns.get("version") != doc.content_version:
+        turns = {"version": doc.content_version, "count": 0, "embedded": 0}
+    released.stats = {
+        **doc.stats,
+        TURNS: {**turns, "count": turns["count"] + 1, "embedded": turns["embedded"] + tally.encoded},
+    }
     return released
 
 

@@ -293,7 +293,9 @@ def _next_turn(ctx: WorkerContext, items: list[ClaimedStage], retries_done: int,
     until = utcnow() + lifecycle_policy(ctx.settings).queue_lease
     for position, item in enumerate(items):
         try:
-            ctx.registry.replace_doc(item.claim, lifecycle.release_turn(item.claim.doc, until))
+            doc = item.claim.doc
+            tally = turn.tallies.get((doc.tenant_id, doc.kb_id, doc.doc_id))
+            ctx.registry.replace_doc(item.claim, lifecycle.release_turn(doc, until, ref.stage, tally))
         except Conflict:  # superseded meanwhile: nothing of ours to release
             drop_superseded(ctx, item.ref, item.claim)
         finally:

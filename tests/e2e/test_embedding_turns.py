@@ -12,6 +12,7 @@ import httpx
 import pytest
 
 from shared.config import Settings
+from shared.models import PIPELINE, Stage
 from tests.e2e.helpers import Server, start_server, stop_server, wait_ready
 
 pytestmark = pytest.mark.e2e
@@ -78,8 +79,14 @@ def test_a_small_document_is_not_held_behind_huge_ones(
         )
         assert sent.status_code == 202, sent.text
         note = wait_ready(b, small_kb, ["note.txt"], timeout_s=600)["note.txt"]
-        big_statuses = {name: _status(a, big_kb, name) for name in bigs}
+        bigs_now = {name: a.get(f"/v1/kbs/{big_kb}/documents/{name}").json() for name in bigs}
+        big_statuses = {name: str(doc["status"]) for name, doc in bigs_now.items()}
 
     assert note["status"] == "ready", note
     # Ready within a turn or two, while the big documents are still being embedded.
     assert set(big_statuses.values()) == {"embedding"}, big_statuses
+    # A process freed for the note means a big document's turn ended: its progress moved on from
+    # where the embedding began (it stood there until the last turn).
+    embedding_began = PIPELINE.index(Stage.EMBED) / len(PIPELINE)
+    assert max(float(doc["progress"]) for doc in bigs_now.values()) > embedding_began + 0.001, bigs_now
+    assert any(doc["stats"].get("turns", {}).get("count", 0) >= 1 for doc in bigs_now.values()), bigs_now

@@ -10,10 +10,11 @@ import pytest
 
 from shared.embedding import embedded_text, encoder
 from shared.errors import ErrorCode, RaglineError
-from shared.models import Document
+from shared.models import PIPELINE, Document, Stage, utcnow
 from shared.wiring import Services
+from workers import lifecycle
 from workers.stages import embed
-from workers.stages.base import TurnEnded
+from workers.stages.base import TurnEnded, TurnTally
 
 
 def _doc(name: str, tenant: str = "t") -> Document:
@@ -112,14 +113,20 @@ def test_an_embedding_whose_turn_ran_out_keeps_what_it_embedded(services: Servic
     model = services.settings.embedding.model
     texts = [f"paragraph {n} of a long log {fresh}" for n in range(embed.ENCODE_SLICE + 10)]
     doc = _doc("log.txt")
+    doc.progress = PIPELINE.index(Stage.EMBED) / len(PIPELINE)
     with pytest.raises(TurnEnded) as turn:
         embed._run_model_batch(services, model, [(doc, _chunks(*texts))], turn_ends=0.0)
     assert (turn.value.done, turn.value.total) == (embed.ENCODE_SLICE, len(texts))
-    finished = embed._run_model_batch(services, model, [(doc, _chunks(*texts))], turn_ends=0.0)[0]
+    tally = turn.value.tallies[("t", "k", "log.txt")]
+    assert tally == TurnTally(embed.ENCODE_SLICE, len(texts), embed.ENCODE_SLICE)
+    # What the runner writes between the turns: progress moved, and what the turn encoded.
+    released = lifecycle.release_turn(doc, utcnow(), Stage.EMBED, tally)
+    assert doc.progress < released.progress < (PIPELINE.index(Stage.EMBED) + 1) / len(PIPELINE)
+    finished = embed._run_model_batch(services, model, [(released, _chunks(*texts))], turn_ends=0.0)[0]
     assert not isinstance(finished, RaglineError)  # the last slice ends it, turn or no turn
-    assert finished.updates["stats"]["embed"] == {
-        "embedded": 10,
-        "cached": embed.ENCODE_SLICE,
-        "batch_documents": 1,
+    # Every text was encoded here, over two turns: the second found the first's in the cache,
+    # and said 10 embedded, 256 cached.
+    assert finished.updates["stats"] == {
+        "embed": {"embedded": len(texts), "cached": 0, "batch_documents": 1, "turns": 2}
     }
     assert all(chunk["embedding_b64"] for chunk in finished.artifact["chunks"])

@@ -22,7 +22,7 @@ from shared.models import (
 )
 from workers import lifecycle
 from workers.lifecycle import GiveUp, HandOver, Policy, Skip, Take
-from workers.stages.base import BATCHED_STAGES, StageResult
+from workers.stages.base import BATCHED_STAGES, TURNS, StageResult, TurnTally
 
 NOW = datetime(2026, 1, 2, 3, 4, 5, tzinfo=UTC)
 POLICY = Policy(
@@ -358,6 +358,26 @@ CLASSES: list[RaglineError] = [
     PermanentError("not a document"),
     RaglineError("ran out of time", code=ErrorCode.TIMEOUT),
 ]
+
+
+def test_a_turn_moves_progress_through_its_stage_and_keeps_what_it_encoded() -> None:
+    """Between turns a document used to sit at its stage's start: a big document's progress stood
+    still for all of its embedding, and its stats counted only the last turn's texts."""
+    start = PIPELINE.index(Stage.EMBED) / len(PIPELINE)
+    doc = _claimed(Stage.EMBED, attempts=1, progress=start, content_version=3, stats={"chunk": {"chunks": 9}})
+    first = lifecycle.release_turn(doc, NOW, Stage.EMBED, TurnTally(done=256, total=1024, encoded=200))
+    assert (first.claimed_by, first.lease_until, first.attempts) == (None, NOW, 0)
+    assert first.progress == pytest.approx(start + 0.25 / len(PIPELINE), abs=1e-4)
+    assert first.stats[TURNS] == {"version": 3, "count": 1, "embedded": 200}
+    second = lifecycle.release_turn(first, NOW, Stage.EMBED, TurnTally(done=512, total=1024, encoded=256))
+    assert second.progress == pytest.approx(start + 0.5 / len(PIPELINE), abs=1e-4)
+    assert second.stats == {"chunk": {"chunks": 9}, TURNS: {"version": 3, "count": 2, "embedded": 456}}
+    # A tally another version left is not this one's.
+    newer = second.model_copy(update={"content_version": 4, "progress": start})
+    third = lifecycle.release_turn(newer, NOW, Stage.EMBED, TurnTally(done=10, total=20, encoded=10))
+    assert third.stats[TURNS] == {"version": 4, "count": 1, "embedded": 10}
+    # Without a tally (a document of another model in the batch), only the claim goes.
+    assert lifecycle.release_turn(doc, NOW, Stage.EMBED, None).progress == start
 
 
 @pytest.mark.parametrize("stage", PIPELINE)

@@ -39,14 +39,32 @@ class StageResult:
     pin: str | None = None
 
 
+# The stats entry of a stage between its turns: {"version", "count" (turns ended), "embedded"}.
+TURNS = "turns"
+
+
+@dataclass(frozen=True)
+class TurnTally:
+    """Where one document's stage stands when its turn ends: `done` of its `total` texts have their
+    vectors, `encoded` of them encoded in this turn (the rest came from the cache)."""
+
+    done: int
+    total: int
+    encoded: int
+
+
 class TurnEnded(Exception):  # an outcome, not an error: nothing failed
     """Raised by a stage whose turn (`embedding.turn_s`) ran out with work left: what it did is kept
     (the embedding cache), and the runner releases its documents and sends the stage again to the
-    back of its queue, so that another tenant's waiting documents get the process meanwhile."""
+    back of its queue, so that another tenant's waiting documents get the process meanwhile.
+    `tallies`: each document's, by (tenant_id, kb_id, doc_id)."""
 
-    def __init__(self, done: int, total: int) -> None:
+    def __init__(
+        self, done: int, total: int, tallies: dict[tuple[str, str, str], TurnTally] | None = None
+    ) -> None:
         super().__init__(f"{done} of {total} done")
         self.done, self.total = done, total
+        self.tallies = tallies or {}
 
 
 # A stage's input is what the stage before handed on (parse: the path of the document's bytes).

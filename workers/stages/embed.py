@@ -24,7 +24,7 @@ from shared.errors import ErrorCode, PermanentError, RaglineError
 from shared.models import Document
 from workers import metrics
 from workers.context import WorkerContext
-from workers.stages.base import StageResult, TurnEnded
+from workers.stages.base import TURNS, StageResult, TurnEnded, TurnTally
 
 CACHE_TTL_S = 30 * 24 * 3600
 # Texts encoded, and their vectors cached, at a time: a document whose embedding outlasts its turn
@@ -42,6 +42,39 @@ def encode_b64(vector: np.ndarray[Any, Any]) -> str:
 
 def decode_b64(value: str) -> list[float]:
     return indexed_vector(np.frombuffer(base64.b64decode(value), dtype="<f4"))
+
+
+def _tallies(
+    items: list[tuple[Document, dict[str, Any]]],
+    owner: list[int],
+    vectors: list[str | None],
+    encoded: list[int],
+) -> dict[tuple[str, str, str], TurnTally]:
+    """Each document's tally when its turn ends (`owner`: the document of each text)."""
+    done, total, fresh = [0] * len(items), [0] * len(items), [0] * len(items)
+    for i, position in enumerate(owner):
+        total[position] += 1
+        done[position] += vectors[i] is not None
+    for i in encoded:
+        fresh[owner[i]] += 1
+    return {
+        (doc.tenant_id, doc.kb_id, doc.doc_id): TurnTally(done[p], total[p], fresh[p])
+        for p, (doc, _) in enumerate(items)
+    }
+
+
+def _stats(doc: Document, embedded: int, texts: int, batch_documents: int) -> dict[str, dict[str, int]]:
+    """The document's stats with its embedding's: the texts encoded in this turn and in the turns
+    before it (whose vectors this one found in the cache), and those the cache had before."""
+    stats = {name: value for name, value in doc.stats.items() if name != TURNS}
+    turns = doc.stats.get(TURNS, {})
+    if turns.get("version") != doc.content_version:
+        turns = {}
+    embedded = min(texts, embedded + turns.get("embedded", 0))
+    embed = {"embedded": embedded, "cached": texts - embedded, "batch_documents": batch_documents}
+    if turns:
+        embed["turns"] = turns["count"] + 1
+    return {**stats, "embed": embed}
 
 
 def run_batch(
@@ -112,7 +145,9 @@ def _run_model_batch(
         missing += part
         remaining = remaining[len(part) :]
         if remaining and time.monotonic() >= turn_ends:
-            raise TurnEnded(len(all_texts) - len(remaining), len(all_texts))
+            raise TurnEnded(
+                len(all_texts) - len(remaining), len(all_texts), _tallies(items, owner, vectors, missing)
+            )
     missing_set = set(missing)
     results: list[StageResult | RaglineError] = []
     offset = 0
@@ -124,12 +159,10 @@ def _run_model_batch(
             continue
         for chunk, i in zip(cleaned["chunks"], span, strict=True):
             chunk["embedding_b64"] = vectors[i]
-        stats = {
-            "embedded": sum(1 for i in span if i in missing_set),
-            "cached": sum(1 for i in span if i not in missing_set),
-            "batch_documents": len(items),
-        }
-        results.append(StageResult(artifact=cleaned, updates={"stats": {**doc.stats, "embed": stats}}))
+        embedded = sum(1 for i in span if i in missing_set)
+        results.append(
+            StageResult(artifact=cleaned, updates={"stats": _stats(doc, embedded, len(texts), len(items))})
+        )
     kept = [texts for position, texts in enumerate(texts_of) if position not in refused]
     metrics.embed_batch(len(kept), sum(len(texts) for texts in kept), len(missing))
     return results
