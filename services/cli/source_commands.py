@@ -136,7 +136,8 @@ def source_sync(
     documents: Annotated[
         bool,
         typer.Option(
-            help="Then wait for the documents it sent to be ready or failed, and list those failed."
+            help="After the run, wait until the documents it sent are ready or failed and list those "
+            "failed (--no-documents: end with the run)."
         ),
     ] = True,
     server: Server = None,
@@ -144,7 +145,7 @@ def source_sync(
     as_json: AsJson = False,
 ) -> None:
     """Run a source now (or join its run under way); exits 1 if the run fails or an item failed,
-    in the run or, with --documents, in the pipeline."""
+    in the run or in the pipeline (unless --no-documents)."""
     path = api_path("kbs", kb_id, "sources", source_id, "sync")
     params = {"allow_deletions": "true"} if allow_deletions else {}
     run = _call(_remote(server, api_key), "POST", path, params=params)
