@@ -67,7 +67,9 @@ async def sync_source(
 ) -> SyncRun:
     """Sync a source now (or join the run under way): new and changed items are ingested, vanished
     ones deleted. The run reports counts per outcome and each failure with its code; one that would
-    delete more than the source's max_deleted_share fails with CONFLICT and deletes nothing."""
+    delete more than the source's max_deleted_share fails with CONFLICT and deletes nothing. The
+    documents it sent go through the pipeline after it ends: get_batch_status(batch_id=run_id)
+    follows them, failures included (a later run counts a document failed for good as failed)."""
     principal = caller(ctx, Role.WRITE)
     state = services(ctx).state
     run = await run_in_threadpool(
