@@ -61,7 +61,10 @@ The scripts of `deploy/local/` (not the services) also read `RAGLINE_OPENSEARCH_
 server), `RAGLINE_API__PORT` (8000),
 `RAGLINE_CACHE_DIR` (`~/.cache/ragline`) and `RAGLINE_VENV` (`.venv`; another checkout's
 serves for its packages, and the services still run this checkout's code); see
-[operations](operations.md#a-local-cluster-and-specialised-workers).
+[operations](operations.md#a-local-cluster-and-specialised-workers). A `ragline` you run yourself
+from that environment runs the other checkout's code and reads that checkout's `.ragline`, whose
+development key this stack refuses (`AUTH_ERROR`, naming the key file it sent): run it as
+`PYTHONPATH=$PWD $RAGLINE_VENV/bin/ragline` from this checkout, or set `RAGLINE_STATE_DIR`.
 
 A stack on other ports (a second one beside the first, a port already taken): set the ports
 above. The services the scripts start then use the moved OpenSearch and Redis (the scripts set
