@@ -69,7 +69,8 @@ async def sync_source(
     ones deleted. The run reports counts per outcome and each failure with its code; one that would
     delete more than the source's max_deleted_share fails with CONFLICT and deletes nothing. The
     documents it sent go through the pipeline after it ends: get_batch_status(batch_id=run_id)
-    follows them, failures included (a later run counts a document failed for good as failed)."""
+    follows them, failures included (later runs count a failed document failed until its bytes
+    change or it is reingested)."""
     principal = caller(ctx, Role.WRITE)
     state = services(ctx).state
     run = await run_in_threadpool(

@@ -26,7 +26,7 @@ from workers import leader
 from workers.sources import runner
 from workers.sources.connector import Connector, Found, Gone
 from workers.sources.runner import lease_key
-from workers.sources.sync import SyncEngine
+from workers.sources.sync import Stopped, SyncEngine
 
 pytestmark = pytest.mark.integration
 
@@ -44,10 +44,8 @@ class Listing(Connector):
     items: list[Found]
     then: BaseException | None = None
     unreadable: tuple[str, ...] = ()
-    told: Mapping[str, ItemState] | None = None  # what the engine said the source remembers
 
     def scan(self, known: Mapping[str, ItemState], run_id: str) -> Iterator[Found | Gone]:
-        self.told = known
         yield from self.items
         if self.then is not None:
             raise self.then
@@ -213,7 +211,7 @@ def test_other_names_of_one_document_do_not_make_the_source_look_bigger(case: Ca
     assert "k.txt" in case.live()
 
 
-def test_a_document_that_failed_for_good_fails_each_run_until_its_item_changes(case: Case) -> None:
+def test_a_document_that_failed_fails_each_run_until_its_item_changes(case: Case) -> None:
     """The pipeline failed a file's document after the run had ended. The unchanged file was never
     looked at again: every later run said `succeeded`, and only the document list showed it."""
     kb, blank = case.kb, _item("blank.txt", content=" \n\n ")
@@ -222,43 +220,80 @@ def test_a_document_that_failed_for_good_fails_each_run_until_its_item_changes(c
     failed = wait_terminal(case.services.registry, kb, ["a.txt", "blank.txt"])["blank.txt"]
     assert (failed.status, failed.error and failed.error.code) == (DocStatus.FAILED, "EMPTY_DOCUMENT")
 
-    listing = Listing([_item("a.txt"), blank])
-    second = case.run(listing)
-
-    # Told it failed, a git listing offers it again though no commit changed it, a web page is
-    # fetched in full (a 304 would leave nothing to submit).
-    assert listing.told is not None
-    told = {key: item.outcome.value for key, item in listing.told.items()}
-    assert told == {"a.txt": "created", "blank.txt": "failed"}
-    assert second.status == RunStatus.COMPLETED_WITH_ERRORS
-    assert (second.counts["unchanged"], second.counts["failed"]) == (1, 1)
-    assert [(f.key, f.code) for f in second.failures] == [("blank.txt", "EMPTY_DOCUMENT")]
-    assert "the document failed in" in second.failures[0].message
-    # A final failure is not worked on again: the same bytes would fail the same way.
-    again = case.services.registry.require_doc(kb.tenant_id, kb.kb_id, "blank.txt").doc
-    assert again.content_version == failed.content_version
+    for _ in range(2):
+        again = case.run(Listing([_item("a.txt"), blank]))
+        assert again.status == RunStatus.COMPLETED_WITH_ERRORS
+        assert (again.counts["unchanged"], again.counts["failed"]) == (1, 1)
+        assert [(f.key, f.code) for f in again.failures] == [("blank.txt", "EMPTY_DOCUMENT")]
+        assert "the document failed in " in again.failures[0].message
+        assert "reingest" in again.failures[0].message
+    # Its bytes are not worked on again: the same bytes would fail the same way.
+    now = case.services.registry.require_doc(kb.tenant_id, kb.kb_id, "blank.txt").doc
+    assert now.content_version == failed.content_version
     mended = case.run(Listing([_item("a.txt"), _item("blank.txt", content="text at last")]))
     assert mended.status == RunStatus.SUCCEEDED
     assert (mended.counts["unchanged"], mended.counts["updated"]) == (1, 1)
 
 
-def test_a_document_that_failed_for_now_is_tried_again_by_the_next_run(case: Case) -> None:
-    kb = case.kb
-    first = case.run(Listing([_item("a.txt")]))
-    assert first.counts["created"] == 1
-    registry = case.services.registry
+def test_a_failure_is_not_retried_by_each_run_and_a_reingest_clears_it(case: Case) -> None:
+    """A failure a retry might mend (the pipeline's retries ran out) is retried by a reingest, not
+    by every run: a parse that outlasts its timeout, every time, held a worker for the whole
+    timeout in each run, and each run said `succeeded`."""
+    kb, registry = case.kb, case.services.registry
+    assert case.run(Listing([_item("a.txt")])).counts["created"] == 1
     done = wait_terminal(registry, kb, ["a.txt"])["a.txt"]
     assert done.status == DocStatus.READY
-    # What a failure the pipeline gave up retrying leaves (an outage longer than its attempts).
     current = registry.require_doc(kb.tenant_id, kb.kb_id, "a.txt")
-    lost = ErrorInfo(code="RETRIES_EXHAUSTED", stage="embed", message="Redis was gone", retryable=True)
+    lost = ErrorInfo(code="RETRIES_EXHAUSTED", stage="embed", message="Redis was gone")
     registry.replace_doc(current, current.doc.model_copy(update={"status": DocStatus.FAILED, "error": lost}))
 
     second = case.run(Listing([_item("a.txt")]))
 
-    assert (second.status, second.counts["updated"]) == (RunStatus.SUCCEEDED, 1)
-    retried = wait_terminal(registry, kb, ["a.txt"])["a.txt"]
-    assert (retried.status, retried.content_version) == (DocStatus.READY, done.content_version + 1)
+    assert (second.status, second.counts["failed"]) == (RunStatus.COMPLETED_WITH_ERRORS, 1)
+    assert [(f.key, f.code) for f in second.failures] == [("a.txt", "RETRIES_EXHAUSTED")]
+    assert registry.require_doc(kb.tenant_id, kb.kb_id, "a.txt").doc.content_version == done.content_version
+    case.services.ingestor.reingest(kb.tenant_id, kb.kb_id, "a.txt")
+    assert wait_terminal(registry, kb, ["a.txt"])["a.txt"].status == DocStatus.READY
+    third = case.run(Listing([_item("a.txt")]))
+    assert (third.status, third.counts["unchanged"]) == (RunStatus.SUCCEEDED, 1)
+
+
+@dataclass
+class Changes(Listing):
+    """An incremental listing (as git's): it names what changed, and items it does not name are
+    as they were."""
+
+    incremental = True
+
+
+def test_an_incremental_run_counts_a_failed_document_it_does_not_list(case: Case) -> None:
+    kb = case.kb
+    first = case.run(Listing([_item("a.txt"), _item("blank.txt", content=" \n ")]))
+    assert first.counts["created"] == 2
+    assert wait_terminal(case.services.registry, kb, ["blank.txt"])["blank.txt"].status == DocStatus.FAILED
+
+    second = case.run(Changes([_item("b.txt")]))
+
+    assert second.status == RunStatus.COMPLETED_WITH_ERRORS
+    assert (second.counts["created"], second.counts["unchanged"], second.counts["failed"]) == (1, 1, 1)
+    assert [(f.key, f.code) for f in second.failures] == [("blank.txt", "EMPTY_DOCUMENT")]
+    assert second.listed == 3
+
+
+def test_a_run_whose_kb_is_deleted_under_it_stops(case: Case) -> None:
+    """Its records went with the KB; writing its outcome failed NOT_FOUND, logged as a fault of
+    the engine (ERROR "failed unexpectedly", then "could not be ended")."""
+    kb = case.kb
+
+    @dataclass
+    class DeletedMidway(Listing):
+        def scan(self, known: Mapping[str, ItemState], run_id: str) -> Iterator[Found | Gone]:
+            yield self.items[0]
+            case.services.source_store.drop_kb(kb.tenant_id, kb.kb_id)
+            yield from self.items[1:]
+
+    with pytest.raises(Stopped):
+        case.run(DeletedMidway([_item("a.txt"), _item("b.txt")]))
 
 
 def test_a_removal_deletes_the_documents_of_a_run_that_died_before_writing_its_items(case: Case) -> None:

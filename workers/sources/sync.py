@@ -104,6 +104,10 @@ class SyncEngine:
             return self._end(source, started, RunStatus.FAILED, error=error)
         try:
             return self._sync(source, started, connector, may_go_on)
+        except SourceNotFound:
+            # Its knowledge base was deleted while it ran, the run's record and its source's with
+            # it: nothing is left to write its outcome to.
+            raise Stopped(run.run_id) from None
         finally:
             connector.close()
 
@@ -134,7 +138,7 @@ class SyncEngine:
         )
         checked = time.monotonic()
         try:
-            for entry in _listed(connector.scan(_for_listing(state), run.run_id)):
+            for entry in _listed(connector.scan(state.known, run.run_id)):
                 if time.monotonic() - checked > CHECK_EVERY_S:
                     self._check(run, may_go_on)
                     checked = time.monotonic()
@@ -175,22 +179,35 @@ class SyncEngine:
         except RaglineError as error:  # the listing itself failed: delete nothing
             self._flush(state, run)
             return self._end(source, run, RunStatus.FAILED, error=error, listed=len(state.seen))
-        untouched = 0
-        if connector.incremental:
-            untouched = sum(
-                1
-                for key, known in state.known.items()
-                if key not in state.seen and key not in state.gone and known.outcome != ItemOutcome.DELETED
-            )
+        untouched, failed = self._untouched(state, run) if connector.incremental else (0, 0)
         return self._end(
             source,
             run,
             RunStatus.SUCCEEDED,
-            listed=len(state.seen) + untouched,
+            listed=len(state.seen) + untouched + failed,
             untouched=untouched,
             cursor=connector.cursor(),
             held=False,
         )
+
+    def _untouched(self, state: _Pass, run: SyncRun) -> tuple[int, int]:
+        """The items an incremental listing did not name, as they were: how many are unchanged,
+        and how many failed (their documents did, and the run counts them)."""
+        untouched = failed = 0
+        for key, known in state.known.items():
+            if key in state.seen or key in state.gone or known.outcome == ItemOutcome.DELETED:
+                continue
+            item = known.model_copy(
+                update={"run_id": state.run_id, "outcome": ItemOutcome.UNCHANGED, "error": None}
+            )
+            kept = self._unchanged(state, known, item)
+            if kept.outcome == ItemOutcome.FAILED:
+                self._keep(state, kept)
+                failed += 1
+            else:
+                untouched += 1
+        self._flush(state, run)
+        return untouched, failed
 
     def _take(self, state: _Pass, entry: Found) -> ItemState | None:
         if entry.key in state.seen:
@@ -217,17 +234,19 @@ class SyncEngine:
             return _failed(item, known, taken)
         if entry.error is not None:
             return _failed(item, known, entry.error)
-        status = state.present.get(doc_id)
-        live = known is not None and known.outcome != ItemOutcome.DELETED and status not in (None, *_ABSENT)
+        live = (
+            known is not None
+            and known.outcome != ItemOutcome.DELETED
+            and state.present.get(doc_id) not in (None, *_ABSENT)
+        )
         if (
             live
-            # A document that failed is submitted again: the ingestor retries it where a new
-            # attempt could succeed, and says `unchanged` where the failure was final.
-            and status != DocStatus.FAILED
             and known is not None
             and (entry.unchanged or (entry.version is not None and entry.version == known.version))
         ):
-            return item.model_copy(update={"version": known.version, "extra": entry.extra or known.extra})
+            return self._unchanged(
+                state, known, item.model_copy(update={"extra": entry.extra or known.extra})
+            )
         try:
             check_doc_id(doc_id)
             if entry.content is not None:
@@ -240,27 +259,35 @@ class SyncEngine:
             raise
         except RaglineError as error:
             return _failed(item, known, error)
-        if submitted == Outcome.UNCHANGED and status == DocStatus.FAILED:
-            final = self._final_failure(state.source, doc_id)
-            if final is not None:
-                # Its bytes are those that failed for good: the run says so as long as they stay.
-                return _failed(item, known, final)
         return item.model_copy(update={"version": entry.version, "outcome": _OUTCOMES[submitted]})
 
-    def _final_failure(self, source: Source, doc_id: str) -> RaglineError | None:
-        """Why the document failed, where it still has; None when it is no longer failed."""
+    def _unchanged(self, state: _Pass, known: ItemState, item: ItemState) -> ItemState:
+        """An item as it was when its document was made: `unchanged`, or `failed` while the document
+        it made stays failed. Its bytes are not submitted again, whatever the failure: the pipeline
+        retried what a retry could mend before it gave up, and the same bytes would only fail the
+        same way, every run (a parse that outlasts its timeout, a PII policy that blocks)."""
+        kept = item.model_copy(update={"version": known.version})
+        if state.present.get(known.doc_id) != DocStatus.FAILED:
+            return kept
+        error = self._document_failure(state.source, known.doc_id)
+        return kept if error is None else _failed(kept, known, error)
+
+    def _document_failure(self, source: Source, doc_id: str) -> RaglineError | None:
+        """Why the document failed, where it still has (None: a reingest has taken it on since)."""
         current = self.registry.get_doc(source.tenant_id, source.kb_id, doc_id)
         if current is None or current.doc.status != DocStatus.FAILED:
             return None
-        found = current.doc.error
-        if found is None:
-            return RaglineError("the document failed", code=ErrorCode.INTERNAL)
+        found = current.doc.error or ErrorInfo(code=ErrorCode.INTERNAL.value, message="it failed")
         try:
             code = ErrorCode(found.code)
         except ValueError:
             code = ErrorCode.INTERNAL
         stage = f" in {found.stage}" if found.stage else ""
-        return RaglineError(f"the document failed{stage}: {found.message}", code=code)
+        return RaglineError(
+            f"the document failed{stage}: {found.message} (its bytes are the same since: change them, "
+            "or reingest the document, to try again)",
+            code=code,
+        )
 
     def _submit(self, state: _Pass, entry: Found, doc_id: str, data: bytes) -> Outcome:
         """Submit the item's bytes; while the tenant's queue is full (429), wait as a client would.
@@ -451,19 +478,6 @@ def _connector_faults(what: str) -> Iterator[None]:
         raise RaglineError(
             f"the source's {what} failed unexpectedly ({type(error).__name__})", code=ErrorCode.INTERNAL
         ) from error
-
-
-def _for_listing(state: _Pass) -> Mapping[str, ItemState]:
-    """What the connector is told the source remembers: an item whose document failed reads as a
-    failed item, which every connector offers again in full (a git diff that does not name it
-    still lists it, a web page is fetched without the validators that would answer 304)."""
-    failed = {doc_id for doc_id, status in state.present.items() if status == DocStatus.FAILED}
-    return {
-        key: item.model_copy(update={"outcome": ItemOutcome.FAILED})
-        if item.doc_id in failed and item.outcome != ItemOutcome.DELETED
-        else item
-        for key, item in state.known.items()
-    }
 
 
 def _deletes_document(state: _Pass, known: ItemState) -> bool:
