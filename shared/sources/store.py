@@ -373,8 +373,10 @@ class SourceStore:
         A delete-by-query skips a record written after its search saw it (a version conflict):
         a source changed (PATCHed, its run recorded) while its knowledge base was deleted
         outlived the KB, went on running, and filled a new KB of the same id. It is searched
-        again until nothing is skipped; a write after that finds the record gone.
+        again until nothing is skipped; a write after that finds the record gone. The search only
+        sees what a refresh made visible: records written a moment ago are made so first.
         """
+        self.client.indices.refresh(index=index)
         for _ in range(UPDATE_ATTEMPTS):
             done = self.client.delete_by_query(
                 index=index, body={"query": query}, refresh=True, conflicts="proceed"

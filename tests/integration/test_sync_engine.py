@@ -227,6 +227,12 @@ def test_a_document_that_failed_fails_each_run_until_its_item_changes(case: Case
         assert [(f.key, f.code) for f in again.failures] == [("blank.txt", "EMPTY_DOCUMENT")]
         assert "the document failed in " in again.failures[0].message
         assert "reingest" in again.failures[0].message
+    # The file touched (a new version, the same bytes): submitted, found unchanged, still failed.
+    # It read `unchanged`, and the run `succeeded`.
+    touched = replace(blank, version="v-touched")
+    for _ in range(2):
+        again = case.run(Listing([_item("a.txt"), touched]))
+        assert (again.status, again.counts["failed"]) == (RunStatus.COMPLETED_WITH_ERRORS, 1)
     # Its bytes are not worked on again: the same bytes would fail the same way.
     now = case.services.registry.require_doc(kb.tenant_id, kb.kb_id, "blank.txt").doc
     assert now.content_version == failed.content_version
@@ -294,6 +300,8 @@ def test_a_run_whose_kb_is_deleted_under_it_stops(case: Case) -> None:
 
     with pytest.raises(Stopped):
         case.run(DeletedMidway([_item("a.txt"), _item("b.txt")]))
+    # What it wrote down after its KB went (the listing's last page) went too.
+    assert case.services.source_store.known(kb.tenant_id, kb.kb_id, case.source.source_id) == {}
 
 
 def test_a_removal_deletes_the_documents_of_a_run_that_died_before_writing_its_items(case: Case) -> None:

@@ -104,12 +104,22 @@ class SyncEngine:
             return self._end(source, started, RunStatus.FAILED, error=error)
         try:
             return self._sync(source, started, connector, may_go_on)
-        except SourceNotFound:
-            # Its knowledge base was deleted while it ran, the run's record and its source's with
-            # it: nothing is left to write its outcome to.
-            raise Stopped(run.run_id) from None
+        except (SourceNotFound, Stopped) as stopped:
+            if not self._stands(source):
+                # Its knowledge base was deleted while it ran, the run's record and its source's
+                # with it: what the run wrote down since goes too, and there is nothing to end.
+                self.store.drop_items(source.tenant_id, source.kb_id, source.source_id)
+                raise Stopped(run.run_id) from None
+            raise stopped
         finally:
             connector.close()
+
+    def _stands(self, source: Source) -> bool:
+        try:
+            self.store.get(source.tenant_id, source.kb_id, source.source_id)
+        except SourceNotFound:
+            return False
+        return True
 
     def fail(self, run: SyncRun, error: Exception) -> SyncRun:
         """End `run` FAILED (INTERNAL) after an exception nothing typed: a fault of the engine itself.
@@ -259,18 +269,27 @@ class SyncEngine:
             raise
         except RaglineError as error:
             return _failed(item, known, error)
-        return item.model_copy(update={"version": entry.version, "outcome": _OUTCOMES[submitted]})
+        submitted_item = item.model_copy(update={"version": entry.version, "outcome": _OUTCOMES[submitted]})
+        if submitted == Outcome.UNCHANGED:
+            # A new version of the same bytes (a file touched, copied over itself): as they were.
+            return self._as_its_document(state, submitted_item)
+        return submitted_item
 
     def _unchanged(self, state: _Pass, known: ItemState, item: ItemState) -> ItemState:
-        """An item as it was when its document was made: `unchanged`, or `failed` while the document
-        it made stays failed. Its bytes are not submitted again, whatever the failure: the pipeline
-        retried what a retry could mend before it gave up, and the same bytes would only fail the
-        same way, every run (a parse that outlasts its timeout, a PII policy that blocks)."""
-        kept = item.model_copy(update={"version": known.version})
-        if state.present.get(known.doc_id) != DocStatus.FAILED:
-            return kept
-        error = self._document_failure(state.source, known.doc_id)
-        return kept if error is None else _failed(kept, known, error)
+        """An item as it was when its document was made. Its bytes are not submitted again,
+        whatever its document's failure: the pipeline retried what a retry could mend before it
+        gave up, and the same bytes would only fail the same way, every run (a parse that outlasts
+        its timeout, a PII policy that blocks)."""
+        return self._as_its_document(state, item.model_copy(update={"version": known.version}))
+
+    def _as_its_document(self, state: _Pass, item: ItemState) -> ItemState:
+        """`item`, `unchanged`, or `failed` while the document it made stays failed."""
+        if state.present.get(item.doc_id) != DocStatus.FAILED:
+            return item
+        error = self._document_failure(state.source, item.doc_id)
+        if error is None:
+            return item
+        return item.model_copy(update={"outcome": ItemOutcome.FAILED, "error": failure(item.key, error)})
 
     def _document_failure(self, source: Source, doc_id: str) -> RaglineError | None:
         """Why the document failed, where it still has (None: a reingest has taken it on since)."""
