@@ -205,6 +205,8 @@ class Sources:
             if active is not None:
                 if trigger != "remove":
                     return self._joined(active, allow_deletions)
+                if active.trigger == "remove":
+                    return active  # a removal asked for again joins the one under way
                 self.cancel(active)
             run = SyncRun(
                 run_id=run_id or uuid.uuid4().hex,
@@ -215,10 +217,31 @@ class Sources:
                 allow_deletions=allow_deletions,
             )
             self.store.create_run(run)
+            self._fence(run)
         finally:
             lock.release()
         self.broker.rpush(WAKE_KEY, run.run_id)
         return run
+
+    def _fence(self, run: SyncRun) -> None:
+        """Take `run` back if its source went (or began to go) while it was written.
+
+        The source read before the write may be gone by now: its removal ended, its knowledge base
+        was deleted. A run written after their last sweep of the source's runs outlived the source
+        and showed in the runs of a new source of the same id. The removals mark or delete the
+        source (and the KB's record) before that sweep, so a run that still finds them here, after
+        its own write, is swept with the rest; one that does not is deleted here.
+        """
+        scope = (run.tenant_id, run.kb_id, run.source_id)
+        try:
+            self.registry.get_kb(run.tenant_id, run.kb_id)
+            source = self.store.get(*scope)
+        except RaglineError:
+            self.store.delete_run(run.run_id)
+            raise
+        if source.deleting and run.trigger != "remove":
+            self.store.delete_run(run.run_id)
+            raise RaglineError(f"source '{run.source_id}' is being removed", code=ErrorCode.CONFLICT)
 
     def _joined(self, active: SyncRun, allow_deletions: bool) -> SyncRun:
         """The run under way, which a sync joins; one that asks to allow deletions gets them on a
@@ -266,10 +289,11 @@ class Sources:
             if active is not None:
                 self.cancel(active)
             self.store.drop_items(*scope)
-            self.store.drop_runs(*scope)
             self.store.delete(*scope)
+            self.store.drop_runs(*scope)  # after the source: see `_fence`
             return None
-        self.store.update(*scope, lambda s: s.model_copy(update={"deleting": True, "next_run_at": None}))
+        if not source.deleting:  # a DELETE sent again joins the removal under way
+            self.store.update(*scope, lambda s: s.model_copy(update={"deleting": True, "next_run_at": None}))
         return self.start(source, "remove")
 
     def _active(self, source: Source) -> SyncRun | None:

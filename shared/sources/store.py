@@ -224,11 +224,23 @@ class SourceStore:
         )
         return run
 
+    def delete_run(self, run_id: str) -> None:
+        with contextlib.suppress(NotFoundError):
+            self.client.delete(index=self.runs, id=run_id, refresh="wait_for")
+
     def get_run(self, tenant_id: str, kb_id: str, source_id: str, run_id: str) -> SyncRun:
         run = self._read(self.runs, run_id, SyncRun)[0]
         if (run.tenant_id, run.kb_id, run.source_id) != (tenant_id, kb_id, source_id):
             raise SourceNotFound(f"run '{run_id}' not found")
         return run
+
+    def tenant_run(self, tenant_id: str, run_id: str) -> SyncRun | None:
+        """The tenant's run of this id, of whichever source; None if it has none."""
+        try:
+            run = self._read(self.runs, run_id, SyncRun)[0]
+        except SourceNotFound:
+            return None
+        return run if run.tenant_id == tenant_id else None
 
     def update_run(self, run_id: str, change: Callable[[SyncRun], SyncRun]) -> SyncRun:
         return self._update(self.runs, run_id, SyncRun, change)
@@ -402,6 +414,8 @@ class SourceStore:
         for _ in range(UPDATE_ATTEMPTS):
             current, seq_no, term = self._read(index, key, model)
             updated = change(current.model_copy(deep=True))
+            if updated == current:
+                return current  # nothing to write: writers that agree do not race each other
             if hasattr(updated, "updated_at"):
                 updated.updated_at = utcnow()
             try:

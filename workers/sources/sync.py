@@ -410,8 +410,10 @@ class SyncEngine:
                 self.ingestor.delete(source.tenant_id, source.kb_id, doc_id)
         ended = self._end(source, run, RunStatus.SUCCEEDED, listed=0, keep_source=False)
         self.store.drop_items(*scope)
-        self.store.drop_runs(*scope)
+        # The source before its runs: a run written for it meanwhile (a DELETE sent again) either
+        # finds it gone and takes itself back, or is written before this sweep (Sources._fence).
         self.store.delete(*scope)
+        self.store.drop_runs(*scope)
         return ended
 
     def _end(
