@@ -38,6 +38,13 @@ def _patterns(value: list[str]) -> list[str]:
     return value
 
 
+def _no_nul(value: str | None) -> str | None:
+    # No path, object key or URL holds one; a NUL passed on failed the run INTERNAL in the worker.
+    if value is not None and "\x00" in value:
+        raise ValueError("must not contain a NUL character")
+    return value
+
+
 class FolderSettings(_Settings):
     path: str = Field(
         min_length=1,
@@ -54,6 +61,7 @@ class FolderSettings(_Settings):
     )
 
     _check = field_validator("include", "exclude")(_patterns)
+    _text = field_validator("path")(_no_nul)
 
 
 class S3Settings(_Settings):
@@ -73,6 +81,7 @@ class S3Settings(_Settings):
     exclude: list[str] = Field(default_factory=list, max_length=50)
 
     _check = field_validator("include", "exclude")(_patterns)
+    _text = field_validator("prefix", "endpoint_url", "access_key_id")(_no_nul)
 
     @model_validator(mode="after")
     def _both_or_neither(self) -> S3Settings:
@@ -98,7 +107,7 @@ class WebSettings(_Settings):
     def _http(cls, value: str | None) -> str | None:
         if value is not None and not value.startswith(("http://", "https://")):
             raise ValueError("must be an http:// or https:// URL")
-        return value
+        return _no_nul(value)
 
 
 class GitSettings(_Settings):
@@ -113,6 +122,7 @@ class GitSettings(_Settings):
     exclude: list[str] = Field(default_factory=list, max_length=50)
 
     _check = field_validator("include", "exclude")(_patterns)
+    _text = field_validator("url")(_no_nul)
 
     @field_validator("ref")
     @classmethod

@@ -74,8 +74,8 @@ def test_a_folder_source_follows_its_folder(server: Server, folder: Path, kb: st
         assert counts(third) == {"unchanged": 3}, third
         assert third["failures"] == []
         assert {d: v["content_version"] for d, v in documents(client, kb).items()} == versions
-        batch = client.get(f"/v1/batches/{third['run_id']}")
-        assert batch.status_code == 404, batch.text  # the unchanged run submitted no document
+        batch = client.get(f"/v1/batches/{third['run_id']}")  # the unchanged run submitted nothing
+        assert (batch.status_code, batch.json()["total"], batch.json()["done"]) == (200, 0, True), batch.text
         assert client.get(f"/v1/batches/{second['run_id']}").json()["total"] == 2
 
         listed = client.get(f"/v1/kbs/{kb}/sources").json()["sources"]
@@ -194,6 +194,18 @@ def test_a_folder_outside_the_roots_is_refused(
             ).status_code
             == 403
         )
+
+
+def test_a_path_with_a_nul_character_is_refused_when_the_source_is_added(
+    server: Server, kb: str, folder: Path
+) -> None:
+    # Inside the roots, so only the NUL refuses it: it was added, and its runs failed INTERNAL.
+    with server.client("a_admin") as client:
+        refused = client.post(
+            f"/v1/kbs/{kb}/sources", json={"type": "folder", "settings": {"path": f"{folder}/a\x00b"}}
+        )
+        assert (refused.status_code, refused.json()["code"]) == (422, "INVALID_ARGUMENT"), refused.text
+        assert client.get(f"/v1/kbs/{kb}/sources").json()["sources"] == []
 
 
 def test_a_run_whose_worker_is_killed_is_resumed_and_counts_each_item_once(
