@@ -382,8 +382,11 @@ class Catalog:
         return DocumentPage(documents=docs, next_cursor=following)
 
     def batch(self, tenant_id: str, batch_id: str) -> BatchView:
+        """A batch's documents by status. A source run's batch is the run's id: it is found while
+        the run has submitted nothing (or never does), and not done before the run has ended."""
         total, counts = self.registry.batch_counts(tenant_id, batch_id)
-        if total == 0:
+        run = self.sources.tenant_run(tenant_id, batch_id)
+        if total == 0 and run is None:
             raise RaglineError(f"batch '{batch_id}' not found", code=ErrorCode.NOT_FOUND)
         failed = self.registry.batch_failures(tenant_id, batch_id)
         failures = [
@@ -394,5 +397,5 @@ class Catalog:
             }
             for h in failed
         ]
-        done = sum(counts.get(s, 0) for s in TERMINAL) == total
+        done = sum(counts.get(s, 0) for s in TERMINAL) == total and (run is None or not run.status.active)
         return BatchView(batch_id=batch_id, total=total, counts=counts, done=done, failures=failures)
