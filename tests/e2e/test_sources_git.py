@@ -269,6 +269,17 @@ def test_a_repository_on_disk_is_synced_by_the_stacks_worker(
             assert counts(again) == {"unchanged": 2}, again
             assert client.get(f"/v1/batches/{again['run_id']}").json()["total"] == 0
 
+            # A document deleted by hand comes back on the next sync, as a folder's does, though no
+            # commit names its file (it stayed deleted, counted unchanged).
+            assert client.delete(f"/v1/kbs/{stack_kb}/documents/terns.md").status_code in (200, 202, 204)
+            deadline = time.monotonic() + 60
+            while client.get(f"/v1/kbs/{stack_kb}/documents/terns.md").json()["status"] != "deleted":
+                assert time.monotonic() < deadline, "the document was not deleted"
+                time.sleep(0.3)
+            back = sync(client, stack_kb, "shore")
+            assert counts(back) == {"created": 1, "unchanged": 1}, back
+            assert set(documents(client, stack_kb)) == {"plovers.md", "terns.md"}
+
             repo.commit({"terns.md": None, "plovers.md": "Ringed plovers feign a broken wing."})
             assert counts(sync(client, stack_kb, "shore")) == {"deleted": 1, "updated": 1}
             assert set(documents(client, stack_kb)) == {"plovers.md"}

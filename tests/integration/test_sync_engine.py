@@ -10,6 +10,7 @@ import os
 import socket
 import uuid
 from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Set as AbstractSet
 from dataclasses import dataclass, replace
 from typing import cast
 
@@ -45,7 +46,9 @@ class Listing(Connector):
     then: BaseException | None = None
     unreadable: tuple[str, ...] = ()
 
-    def scan(self, known: Mapping[str, ItemState], run_id: str) -> Iterator[Found | Gone]:
+    def scan(
+        self, known: Mapping[str, ItemState], run_id: str, again: AbstractSet[str] = frozenset()
+    ) -> Iterator[Found | Gone]:
         yield from self.items
         if self.then is not None:
             raise self.then
@@ -293,7 +296,9 @@ def test_a_run_whose_kb_is_deleted_under_it_stops(case: Case) -> None:
 
     @dataclass
     class DeletedMidway(Listing):
-        def scan(self, known: Mapping[str, ItemState], run_id: str) -> Iterator[Found | Gone]:
+        def scan(
+            self, known: Mapping[str, ItemState], run_id: str, again: AbstractSet[str] = frozenset()
+        ) -> Iterator[Found | Gone]:
             yield self.items[0]
             case.services.source_store.drop_kb(kb.tenant_id, kb.kb_id)
             yield from self.items[1:]

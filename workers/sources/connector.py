@@ -11,6 +11,7 @@ from __future__ import annotations
 import fnmatch
 from abc import ABC, abstractmethod
 from collections.abc import Iterator, Mapping
+from collections.abc import Set as AbstractSet
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -45,9 +46,13 @@ class Connector(ABC):
     incremental = False  # lists only changes since `cursor`: items it does not name are untouched
 
     @abstractmethod
-    def scan(self, known: Mapping[str, ItemState], run_id: str) -> Iterator[Found | Gone]:
+    def scan(
+        self, known: Mapping[str, ItemState], run_id: str, again: AbstractSet[str] = frozenset()
+    ) -> Iterator[Found | Gone]:
         """The source's items. `known` is what the source remembers; an item already handled by
-        this run (`run_id`, a resumed run) may be skipped or answered from it."""
+        this run (`run_id`, a resumed run) may be skipped or answered from it. An incremental
+        listing names the keys in `again` too, changed or not (the engine asks for those whose
+        document failed or went); a whole listing names every key anyway."""
 
     @abstractmethod
     def read(self, item: Found) -> bytes:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import os
 import stat
 from collections.abc import Iterator, Mapping
+from collections.abc import Set as AbstractSet
 from pathlib import Path
 
 from shared.errors import ErrorCode, PermanentError, RaglineError
@@ -45,7 +46,9 @@ class FolderConnector(Connector):
         self.root = inside_roots(settings.path, roots)
         self.max_bytes = max_bytes
 
-    def scan(self, known: Mapping[str, ItemState], run_id: str) -> Iterator[Found | Gone]:
+    def scan(
+        self, known: Mapping[str, ItemState], run_id: str, again: AbstractSet[str] = frozenset()
+    ) -> Iterator[Found | Gone]:
         for directory, subdirs, files in os.walk(self.root, followlinks=False, onerror=_unreadable):
             subdirs.sort()
             for name in sorted(files):

@@ -28,6 +28,7 @@ import subprocess
 import uuid
 from collections import Counter
 from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Set as AbstractSet
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -331,7 +332,9 @@ class GitConnector(Connector):
 
     # the engine's side
 
-    def scan(self, known: Mapping[str, ItemState], run_id: str) -> Iterator[Found | Gone]:
+    def scan(
+        self, known: Mapping[str, ItemState], run_id: str, again: AbstractSet[str] = frozenset()
+    ) -> Iterator[Found | Gone]:
         remote = remote_for(self.settings.url, self.roots, self.policy, self.resolver)
         self._prepare()
         commit = self._pinned(known, run_id) or self._fetch(remote)
@@ -342,7 +345,7 @@ class GitConnector(Connector):
         if base is None:
             yield from self._everything(commit, remote, extra)
         else:
-            yield from self._changes(base, commit, remote, known, extra)
+            yield from self._changes(base, commit, remote, again, extra)
         self._git("update-ref", SYNCED_REF, commit)
         self._next = {"commit": commit, "ref": self.settings.ref}
 
@@ -370,7 +373,7 @@ class GitConnector(Connector):
         base: str,
         commit: str,
         remote: Remote,
-        known: Mapping[str, ItemState],
+        again: AbstractSet[str],
         extra: dict[str, Any],
     ) -> Iterator[Found | Gone]:
         changes = parse_raw_diff(
@@ -386,16 +389,16 @@ class GitConnector(Connector):
                 yield self._found(
                     change.path, change.new_blob, sizes.get(change.new_blob), commit, remote, extra
                 )
-        # An item that failed before is tried again, as a full listing would.
+        # What the engine asks for again is looked at as a full listing would.
         listed = {c.path for c in changes}
-        failed = {k for k, s in known.items() if s.outcome == ItemOutcome.FAILED and k not in listed}
-        if failed:
+        unlisted = set(again) - listed
+        if unlisted:
             tree = {
                 f.path: f
                 for f in parse_tree(self._git("ls-tree", "-r", "-z", "-l", "--full-tree", commit))
-                if f.path in failed
+                if f.path in unlisted
             }
-            for key in sorted(failed):
+            for key in sorted(unlisted):
                 file = tree.get(key)
                 if file is None or not regular(file.mode):
                     yield Gone(key)

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Iterator, Mapping
+from collections.abc import Set as AbstractSet
 from dataclasses import replace
 from fnmatch import fnmatchcase
 from typing import TYPE_CHECKING
@@ -90,7 +91,9 @@ class S3Connector(Connector):
         self.max_bytes = max_bytes
         self.where = f"source bucket {settings.bucket}"
 
-    def scan(self, known: Mapping[str, ItemState], run_id: str) -> Iterator[Found | Gone]:
+    def scan(
+        self, known: Mapping[str, ItemState], run_id: str, again: AbstractSet[str] = frozenset()
+    ) -> Iterator[Found | Gone]:
         bucket, prefix = self.settings.bucket, self.settings.prefix
         with _the_sources_store(bucket):
             for info in list_objects(self.client, bucket, prefix, self.where):

@@ -16,6 +16,7 @@ import contextlib
 import logging
 import time
 from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Set as AbstractSet
 from dataclasses import dataclass, field
 from datetime import timedelta
 
@@ -148,7 +149,7 @@ class SyncEngine:
         )
         checked = time.monotonic()
         try:
-            for entry in _listed(connector.scan(state.known, run.run_id)):
+            for entry in _listed(connector.scan(state.known, run.run_id, _again(state))):
                 if time.monotonic() - checked > CHECK_EVERY_S:
                     self._check(run, may_go_on)
                     checked = time.monotonic()
@@ -537,6 +538,18 @@ def check_deletions(source: Source, missing: int, live: int) -> None:
         )
 
 
+def _again(state: _Pass) -> set[str]:
+    """The items an incremental listing names though nothing changed them since its cursor: those
+    that failed, and those whose document went (deleted by hand), which a whole listing would
+    ingest again."""
+    return {
+        key
+        for key, known in state.known.items()
+        if known.outcome == ItemOutcome.FAILED
+        or (known.outcome != ItemOutcome.DELETED and state.present.get(known.doc_id) in (None, *_ABSENT))
+    }
+
+
 def _listed(entries: Iterator[Found | Gone]) -> Iterator[Found | Gone]:
     """The connector's listing, its untyped exceptions typed (`_connector_faults`)."""
     while True:
@@ -595,7 +608,9 @@ def _started(run: SyncRun) -> SyncRun:
 class _NoConnector(Connector):
     """The removal pass lists nothing: it only deletes what the source remembers."""
 
-    def scan(self, known: Mapping[str, ItemState], run_id: str) -> Iterator[Found | Gone]:
+    def scan(
+        self, known: Mapping[str, ItemState], run_id: str, again: AbstractSet[str] = frozenset()
+    ) -> Iterator[Found | Gone]:
         return iter(())
 
     def read(self, item: Found) -> bytes:

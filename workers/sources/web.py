@@ -25,6 +25,7 @@ import time
 import zlib
 from collections import deque
 from collections.abc import Iterator, Mapping
+from collections.abc import Set as AbstractSet
 from dataclasses import replace
 from typing import Any
 from urllib.parse import urldefrag, urljoin, urlsplit
@@ -169,7 +170,9 @@ class WebConnector(Connector):
         self._robots: dict[str, Protego | None] = {}
         self._last_request = 0.0
 
-    def scan(self, known: Mapping[str, ItemState], run_id: str) -> Iterator[Found | Gone]:
+    def scan(
+        self, known: Mapping[str, ItemState], run_id: str, again: AbstractSet[str] = frozenset()
+    ) -> Iterator[Found | Gone]:
         if _is_sitemap(self.settings.url):
             yield from self._from_sitemap(known, run_id)
         else:
