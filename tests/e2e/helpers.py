@@ -123,6 +123,13 @@ def wait_until(condition: Any, attempts: int = 60) -> None:
 RAGLINE = str(Path(sys.executable).parent / "ragline")
 
 
+def bound_to_test(argv: list[str]) -> list[str]:
+    """`argv`, run so that it ends (SIGTERM) when the test process does, however that ends: a worker
+    or an API of a run killed from outside went on, in a session of its own, taking the next run's
+    tasks from the same Redis database."""
+    return ["setpriv", "--pdeathsig", "TERM", "--", *argv]
+
+
 def run_cli(args: list[str], env: dict[str, str]) -> subprocess.CompletedProcess[str]:
     """The `ragline` CLI as a user runs it, with no terminal, its output captured."""
     return subprocess.run(
@@ -177,7 +184,10 @@ def start_server(
     log = tmp / "api.log"
     with log.open("w") as out:
         process = subprocess.Popen(
-            [RAGLINE, *command, "--port", str(port)], env=env, stdout=out, stderr=subprocess.STDOUT
+            bound_to_test([RAGLINE, *command, "--port", str(port)]),
+            env=env,
+            stdout=out,
+            stderr=subprocess.STDOUT,
         )
     url = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + 90

@@ -26,7 +26,7 @@ import redis
 
 from shared.config import Settings
 from shared.search.client import build_client
-from tests.e2e.helpers import RAGLINE, Server, start_server, stop_server
+from tests.e2e.helpers import RAGLINE, Server, bound_to_test, start_server, stop_server
 
 
 @dataclass
@@ -70,7 +70,7 @@ def _start_worker(tmp: Path, env: dict[str, str]) -> subprocess.Popen[bytes]:
     log = tmp / "worker.log"
     with log.open("a") as out:  # a restarted worker's log follows its killed predecessor's
         process = subprocess.Popen(
-            [RAGLINE, "worker", "--name", f"own-{uuid.uuid4().hex[:6]}", "--concurrency", "1"],
+            bound_to_test([RAGLINE, "worker", "--name", f"own-{uuid.uuid4().hex[:6]}", "--concurrency", "1"]),
             env={**os.environ, **env, "RAGLINE_METRICS__WORKER_PORT": str(port)},
             stdout=out,
             stderr=subprocess.STDOUT,

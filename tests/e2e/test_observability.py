@@ -27,7 +27,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from shared.config import Settings
 from shared.models import PIPELINE, Stage
 from shared.search.client import build_client
-from tests.e2e.helpers import RAGLINE, Server, free_port, start_server, stop_server, wait_ready
+from tests.e2e.helpers import RAGLINE, Server, bound_to_test, free_port, start_server, stop_server, wait_ready
 
 pytestmark = pytest.mark.e2e
 
@@ -66,7 +66,7 @@ def _start_worker(tmp: Path, env: dict[str, str]) -> tuple[str, subprocess.Popen
     log = tmp / "worker.log"
     with log.open("w") as out:
         process = subprocess.Popen(
-            [RAGLINE, "worker", "--name", f"obs-{uuid.uuid4().hex[:6]}", "--concurrency", "1"],
+            bound_to_test([RAGLINE, "worker", "--name", f"obs-{uuid.uuid4().hex[:6]}", "--concurrency", "1"]),
             env={**os.environ, **env, "RAGLINE_METRICS__WORKER_PORT": str(port)},
             stdout=out,
             stderr=subprocess.STDOUT,
