@@ -344,21 +344,26 @@ class Ingestor:
             return SubmitResult(doc_id, doc.outcome, DocStatus.QUEUED, doc.content_version)
         raise RaglineError(f"document '{doc_id}' is being changed concurrently", code=ErrorCode.CONFLICT)
 
-    def reingest(self, tenant_id: str, kb_id: str, doc_id: str) -> SubmitResult:
+    def reingest(
+        self, tenant_id: str, kb_id: str, doc_id: str, *, batch_id: str | None = None
+    ) -> SubmitResult:
         """Run the pipeline again from the stored bytes (after a fix, or new KB settings); a
-        document by URL whose bytes were never fetched is fetched.
+        document by URL whose bytes were never fetched is fetched. `batch_id`: the batch it joins
+        (a source run's); by default it stays in its own.
 
         It is admitted like an upload of the same size (shared/admission.py).
         """
         found = self.registry.require_doc(tenant_id, kb_id, doc_id)
         admission = self.admitter.admit(tenant_id, None, [found.doc.file_size])
         try:
-            return self._reingest(tenant_id, kb_id, doc_id, admission)
+            return self._reingest(tenant_id, kb_id, doc_id, admission, batch_id)
         except BaseException:
             self.admitter.release(admission, tenant_id)
             raise
 
-    def _reingest(self, tenant_id: str, kb_id: str, doc_id: str, admission: Admission) -> SubmitResult:
+    def _reingest(
+        self, tenant_id: str, kb_id: str, doc_id: str, admission: Admission, batch_id: str | None
+    ) -> SubmitResult:
         for _ in range(5):
             current = self.registry.require_doc(tenant_id, kb_id, doc_id)
             previous = current.doc
@@ -369,6 +374,7 @@ class Ingestor:
             doc.content_version += 1
             doc.queue = admission.queue
             doc.trace = tracing.carrier()
+            doc.batch_id = batch_id or doc.batch_id
             doc.status, doc.stage, doc.progress, doc.attempts, doc.error = (
                 DocStatus.QUEUED,
                 Stage.FETCH if doc.url and not doc.content_hash else None,

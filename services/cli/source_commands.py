@@ -133,6 +133,9 @@ def source_sync(
     allow_deletions: Annotated[
         bool, typer.Option(help="Delete past the source's max_deleted_share, this run only.")
     ] = False,
+    retry_failed: Annotated[
+        bool, typer.Option(help="Ingest again the documents the pipeline failed, their bytes unchanged.")
+    ] = False,
     documents: Annotated[
         bool,
         typer.Option(
@@ -147,7 +150,11 @@ def source_sync(
     """Run a source now (or join its run under way); exits 1 if the run fails or an item failed,
     in the run or in the pipeline (unless --no-documents)."""
     path = api_path("kbs", kb_id, "sources", source_id, "sync")
-    params = {"allow_deletions": "true"} if allow_deletions else {}
+    params = {
+        name: "true"
+        for name, on in (("allow_deletions", allow_deletions), ("retry_failed", retry_failed))
+        if on
+    }
     run = _call(_remote(server, api_key), "POST", path, params=params)
     if wait:
         run = _follow(server, api_key, kb_id, source_id, run, as_json)

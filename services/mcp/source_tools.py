@@ -64,17 +64,23 @@ async def sync_source(
     allow_deletions: Annotated[
         bool, Field(description="Delete past the source's max_deleted_share, this run only.")
     ] = False,
+    retry_failed: Annotated[
+        bool, Field(description="Ingest again the documents the pipeline failed, their bytes unchanged.")
+    ] = False,
 ) -> SyncRun:
     """Sync a source now (or join the run under way): new and changed items are ingested, vanished
     ones deleted. The run reports counts per outcome and each failure with its code; one that would
     delete more than the source's max_deleted_share fails with CONFLICT and deletes nothing. The
     documents it sent go through the pipeline after it ends: get_batch_status(batch_id=run_id)
     follows them, failures included (later runs count a failed document failed until its bytes
-    change or it is reingested)."""
+    change, it is reingested, or a run with retry_failed ingests it again)."""
     principal = caller(ctx, Role.WRITE)
     state = services(ctx).state
     run = await run_in_threadpool(
-        partial(state.sources.sync, allow_deletions=allow_deletions), principal.tenant, kb_id, source_id
+        partial(state.sources.sync, allow_deletions=allow_deletions, retry_failed=retry_failed),
+        principal.tenant,
+        kb_id,
+        source_id,
     )
     deadline = time.monotonic() + wait_seconds
     listed = -1

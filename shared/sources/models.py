@@ -257,6 +257,7 @@ class SyncRun(BaseModel):
     status: RunStatus = RunStatus.QUEUED
     trigger: Trigger = "manual"
     allow_deletions: bool = False  # past the source's max_deleted_share, this run only
+    retry_failed: bool = False  # ingest again, from their stored bytes, the documents that failed
     attempts: int = 0
     claimed_by: str | None = None
     counts: dict[str, int] = Field(default_factory=dict)

@@ -181,16 +181,31 @@ class Sources:
         updated = self.store.update(tenant_id, kb_id, source_id, changed)
         return view(updated, self._active(updated))
 
-    def sync(self, tenant_id: str, kb_id: str, source_id: str, *, allow_deletions: bool = False) -> SyncRun:
+    def sync(
+        self,
+        tenant_id: str,
+        kb_id: str,
+        source_id: str,
+        *,
+        allow_deletions: bool = False,
+        retry_failed: bool = False,
+    ) -> SyncRun:
         """Queue a run of the source, or answer the one already queued or running (one at a time).
-        `allow_deletions`: the run may delete past the source's `max_deleted_share`."""
+        `allow_deletions`: the run may delete past the source's `max_deleted_share`;
+        `retry_failed`: it ingests again the documents the pipeline failed, bytes unchanged."""
         source = self.store.get(tenant_id, kb_id, source_id)
         if source.deleting:
             raise RaglineError(f"source '{source_id}' is being removed", code=ErrorCode.CONFLICT)
-        return self.start(source, "manual", allow_deletions=allow_deletions)
+        return self.start(source, "manual", allow_deletions=allow_deletions, retry_failed=retry_failed)
 
     def start(
-        self, source: Source, trigger: Trigger, run_id: str | None = None, *, allow_deletions: bool = False
+        self,
+        source: Source,
+        trigger: Trigger,
+        run_id: str | None = None,
+        *,
+        allow_deletions: bool = False,
+        retry_failed: bool = False,
     ) -> SyncRun:
         key = source_key(source.tenant_id, source.kb_id, source.source_id)
         lock = self.broker.lock(
@@ -204,7 +219,7 @@ class Sources:
             active = self.store.active_run(source.tenant_id, source.kb_id, source.source_id)
             if active is not None:
                 if trigger != "remove":
-                    return self._joined(active, allow_deletions)
+                    return self._joined(active, allow_deletions=allow_deletions, retry_failed=retry_failed)
                 if active.trigger == "remove":
                     return active  # a removal asked for again joins the one under way
                 self.cancel(active)
@@ -215,6 +230,7 @@ class Sources:
                 source_id=source.source_id,
                 trigger=trigger,
                 allow_deletions=allow_deletions,
+                retry_failed=retry_failed,
             )
             self.store.create_run(run)
             self._fence(run)
@@ -243,22 +259,25 @@ class Sources:
             self.store.delete_run(run.run_id)
             raise RaglineError(f"source '{run.source_id}' is being removed", code=ErrorCode.CONFLICT)
 
-    def _joined(self, active: SyncRun, allow_deletions: bool) -> SyncRun:
-        """The run under way, which a sync joins; one that asks to allow deletions gets them on a
-        run still queued, and is refused on one already listing without them."""
-        if not allow_deletions or active.allow_deletions:
+    def _joined(self, active: SyncRun, **asked: bool) -> SyncRun:
+        """The run under way, which a sync joins; one that asks for an option (`allow_deletions`,
+        `retry_failed`) gets it on a run still queued, and is refused on one already listing
+        without it."""
+        wanted = {name: True for name, on in asked.items() if on and not getattr(active, name)}
+        if not wanted:
             return active
 
-        def allowed(current: SyncRun) -> SyncRun:
+        def given(current: SyncRun) -> SyncRun:
             if current.status != RunStatus.QUEUED:
                 return current
-            return current.model_copy(update={"allow_deletions": True})
+            return current.model_copy(update=wanted)
 
-        joined = self.store.update_run(active.run_id, allowed)
-        if not joined.allow_deletions:
+        joined = self.store.update_run(active.run_id, given)
+        missing = [name for name in wanted if not getattr(joined, name)]
+        if missing:
             raise RaglineError(
-                f"run {active.run_id} is under way without allow_deletions; sync again with it once "
-                "that run has ended",
+                f"run {active.run_id} is under way without {' and '.join(missing)}; sync again with "
+                "it once that run has ended",
                 code=ErrorCode.CONFLICT,
             )
         return joined
@@ -284,6 +303,17 @@ class Sources:
         unless `keep_documents`, when they stay as uploads would and only the source is forgotten."""
         source = self.store.get(tenant_id, kb_id, source_id)
         scope = (tenant_id, kb_id, source_id)
+        if source.deleting:
+            removal = self.store.active_run(*scope)
+            if removal is not None and removal.trigger == "remove":
+                if keep_documents:
+                    # Its documents are going: a 204 would say they stay while the run deletes them.
+                    raise RaglineError(
+                        f"source '{source_id}' is being removed with its documents (run "
+                        f"{removal.run_id}); the documents it has not deleted yet cannot be kept",
+                        code=ErrorCode.CONFLICT,
+                    )
+                return removal  # a DELETE sent again answers the removal under way, without a lock
         if keep_documents:
             active = self.store.active_run(*scope)
             if active is not None:
@@ -292,7 +322,7 @@ class Sources:
             self.store.delete(*scope)
             self.store.drop_runs(*scope)  # after the source: see `_fence`
             return None
-        if not source.deleting:  # a DELETE sent again joins the removal under way
+        if not source.deleting:
             self.store.update(*scope, lambda s: s.model_copy(update={"deleting": True, "next_run_at": None}))
         return self.start(source, "remove")
 

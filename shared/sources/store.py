@@ -72,6 +72,7 @@ RUNS_MAPPING: dict[str, Any] = {
         "status": {"type": "keyword"},
         "trigger": {"type": "keyword"},
         "allow_deletions": {"type": "boolean"},
+        "retry_failed": {"type": "boolean"},
         "attempts": {"type": "integer"},
         "claimed_by": {"type": "keyword"},
         "counts": {"type": "object", "enabled": False},

@@ -45,9 +45,11 @@ def wait_run(
     pytest.fail(f"run {run_id} did not end within {timeout_s}s: {run}")
 
 
-def sync(client: httpx.Client, kb: str, source_id: str) -> dict[str, Any]:
-    """Start a run and wait for it; the run's own record, as the API answers it."""
-    started = client.post(f"/v1/kbs/{kb}/sources/{source_id}/sync")
+def sync(client: httpx.Client, kb: str, source_id: str, **options: bool) -> dict[str, Any]:
+    """Start a run (with `options`: allow_deletions, retry_failed) and wait for it; the run's own
+    record, as the API answers it."""
+    params = {name: "true" for name, on in options.items() if on}
+    started = client.post(f"/v1/kbs/{kb}/sources/{source_id}/sync", params=params)
     assert started.status_code == 202, started.text
     return wait_run(client, kb, source_id, started.json()["run_id"])
 

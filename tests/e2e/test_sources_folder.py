@@ -196,6 +196,28 @@ def test_a_folder_outside_the_roots_is_refused(
         )
 
 
+def test_a_run_with_retry_failed_ingests_the_failed_documents_again(
+    server: Server, folder: Path, kb: str
+) -> None:
+    _write(folder / "a.txt", "Oystercatchers probe the mud for worms.")
+    _write(folder / "blank.txt", " \n\n ")  # EMPTY_DOCUMENT, every time
+    with server.client("a_admin") as client:
+        add(client, kb, {"type": "folder", "source_id": "docs", "settings": {"path": str(folder)}})
+        assert counts(sync(client, kb, "docs")) == {"created": 2}
+        first = documents(client, kb)["blank.txt"]
+        assert (first["status"], first["error"]["code"]) == ("failed", "EMPTY_DOCUMENT"), first
+        assert counts(sync(client, kb, "docs")) == {"unchanged": 1, "failed": 1}
+
+        retried = sync(client, kb, "docs", retry_failed=True)
+        assert retried["retry_failed"] is True
+        assert (retried["status"], counts(retried)) == ("succeeded", {"unchanged": 1, "updated": 1}), retried
+        again = documents(client, kb)["blank.txt"]  # the same bytes: it fails the same way
+        assert (again["status"], again["content_version"]) == ("failed", first["content_version"] + 1), again
+        batch = client.get(f"/v1/batches/{retried['run_id']}").json()
+        assert (batch["total"], batch["done"]) == (1, True), batch
+        assert [f["doc_id"] for f in batch["failures"]] == ["blank.txt"], batch
+
+
 def test_a_path_with_a_nul_character_is_refused_when_the_source_is_added(
     server: Server, kb: str, folder: Path
 ) -> None:

@@ -17,7 +17,7 @@ from typing import cast
 import pytest
 
 from shared.errors import TransientError
-from shared.models import DocStatus, ErrorInfo, KnowledgeBase
+from shared.models import DocStatus, Document, ErrorInfo, KnowledgeBase
 from shared.registry import Registry
 from shared.sources.models import ItemState, RunStatus, Source, SourceType, SyncRun, Trigger
 from shared.sources.store import SourceStore
@@ -76,19 +76,36 @@ class Case:
     kb: KnowledgeBase
     source: Source
 
-    def queued(self, trigger: Trigger = "manual") -> SyncRun:
+    def queued(self, trigger: Trigger = "manual", retry_failed: bool = False) -> SyncRun:
         run = SyncRun(
             run_id=uuid.uuid4().hex,
             tenant_id=self.kb.tenant_id,
             kb_id=self.kb.kb_id,
             source_id=self.source.source_id,
             trigger=trigger,
+            retry_failed=retry_failed,
         )
         self.services.source_store.create_run(run)
         return run
 
-    def run(self, connector: Connector, trigger: Trigger = "manual", max_items: int = 1000) -> SyncRun:
-        return self.engine(lambda _: connector, max_items).run(self.queued(trigger), lambda: True)
+    def run(
+        self,
+        connector: Connector,
+        trigger: Trigger = "manual",
+        max_items: int = 1000,
+        *,
+        retry_failed: bool = False,
+    ) -> SyncRun:
+        queued = self.queued(trigger, retry_failed)
+        return self.engine(lambda _: connector, max_items).run(queued, lambda: True)
+
+    def fail(self, doc_id: str) -> Document:
+        """The document failed as an outage past its retries leaves it."""
+        registry = self.services.registry
+        current = registry.require_doc(self.kb.tenant_id, self.kb.kb_id, doc_id)
+        lost = ErrorInfo(code="RETRIES_EXHAUSTED", stage="embed", message="Redis was gone")
+        update = {"status": DocStatus.FAILED, "error": lost}
+        return registry.replace_doc(current, current.doc.model_copy(update=update)).doc
 
     def engine(self, connector_for: Callable[[Source], Connector], max_items: int = 1000) -> SyncEngine:
         services = self.services
@@ -267,6 +284,32 @@ def test_a_failure_is_not_retried_by_each_run_and_a_reingest_clears_it(case: Cas
     assert (third.status, third.counts["unchanged"]) == (RunStatus.SUCCEEDED, 1)
 
 
+def test_a_run_that_retries_failed_documents_ingests_them_again_in_its_batch(case: Case) -> None:
+    """A source's failed documents could only be retried one reingest at a time."""
+    kb, registry = case.kb, case.services.registry
+    assert case.run(Listing([_item("a.txt"), _item("b.txt")])).counts["created"] == 2
+    wait_terminal(registry, kb, ["a.txt", "b.txt"])
+    failed = case.fail("a.txt")
+
+    retried = case.run(Listing([_item("a.txt"), _item("b.txt")]), retry_failed=True)
+
+    assert retried.status == RunStatus.SUCCEEDED
+    assert (retried.counts["updated"], retried.counts["unchanged"], retried.counts["failed"]) == (1, 1, 0)
+    again = wait_terminal(registry, kb, ["a.txt"])["a.txt"]
+    assert (again.status, again.batch_id) == (DocStatus.READY, retried.run_id)
+    assert again.content_version == failed.content_version + 1
+
+    # An incremental listing that does not name it retries it too.
+    case.fail("a.txt")
+    untouched = case.run(Changes([]), retry_failed=True)
+    assert (untouched.status, untouched.counts["updated"], untouched.counts["unchanged"]) == (
+        RunStatus.SUCCEEDED,
+        1,
+        1,
+    )
+    assert wait_terminal(registry, kb, ["a.txt"])["a.txt"].status == DocStatus.READY
+
+
 @dataclass
 class Changes(Listing):
     """An incremental listing (as git's): it names what changed, and items it does not name are
@@ -307,6 +350,53 @@ def test_a_run_whose_kb_is_deleted_under_it_stops(case: Case) -> None:
         case.run(DeletedMidway([_item("a.txt"), _item("b.txt")]))
     # What it wrote down after its KB went (the listing's last page) went too.
     assert case.services.source_store.known(kb.tenant_id, kb.kb_id, case.source.source_id) == {}
+
+
+@pytest.mark.parametrize("meanwhile", ["cancelled", "kb deleted"])
+def test_a_removal_deletes_no_more_once_cancelled_or_its_kb_is_gone(
+    case: Case, monkeypatch: pytest.MonkeyPatch, meanwhile: str
+) -> None:
+    """A DELETE with keep_documents cancels the removal under way and answers that the documents
+    stay: the removal went on deleting them until a write of its own failed. With its KB deleted,
+    it logged a fault of the engine, twice."""
+    kb, ingestor = case.kb, case.services.ingestor
+    items = [_item(f"{n}.txt") for n in range(4)]
+    assert case.run(Listing(items)).counts["created"] == 4
+    wait_terminal(case.services.registry, kb, [item.doc_id for item in items])
+    removal = case.queued("remove")
+    delete, deleted = ingestor.delete, []
+
+    def delete_then(tenant_id: str, kb_id: str, doc_id: str) -> Document:
+        done = delete(tenant_id, kb_id, doc_id)
+        deleted.append(doc_id)
+        if len(deleted) == 1 and meanwhile == "cancelled":
+            case.services.sources.cancel(removal)
+        elif len(deleted) == 1:
+            case.services.source_store.drop_kb(kb.tenant_id, kb.kb_id)
+        return done
+
+    monkeypatch.setattr(ingestor, "delete", delete_then)
+    with pytest.raises(Stopped):
+        case.engine(lambda _: Listing([])).run(removal, lambda: True)
+    assert len(deleted) == 1
+    assert len(case.live()) == 3
+
+
+def test_a_run_deleted_after_it_was_listed_is_passed_over(case: Case) -> None:
+    """Listed as pending, then deleted with its source: the runner's round failed on it."""
+    ghost = SyncRun(
+        run_id=uuid.uuid4().hex, tenant_id=case.kb.tenant_id, kb_id=case.kb.kb_id, source_id="share"
+    )
+
+    class Listed(_Only):
+        def pending_runs(self) -> list[list[SyncRun]]:
+            return [[ghost]]
+
+    store = cast(SourceStore, Listed(case.services.source_store, set()))
+    sync_runner = runner.SyncRunner(
+        case.services.redis, ME, lambda: replace(case.services, source_store=store), 600
+    )
+    assert not sync_runner.run_pending()
 
 
 def test_a_removal_deletes_the_documents_of_a_run_that_died_before_writing_its_items(case: Case) -> None:

@@ -27,7 +27,7 @@ from shared.errors import ErrorCode, RaglineError
 from shared.models import utcnow
 from shared.sources.models import Source, SyncRun
 from shared.sources.service import WAKE_KEY
-from shared.sources.store import source_key
+from shared.sources.store import SourceNotFound, source_key
 from shared.wiring import Services
 from workers import leader
 from workers.failures import is_outage
@@ -193,10 +193,14 @@ class SyncRunner:
             if not leader.hold(self.client, key, self.me, self.lease_s):
                 continue
             with Keeper(self.client, key, self.me, self.lease_s) as keeper:
-                current = store.get_run(run.tenant_id, run.kb_id, run.source_id, run.run_id)
-                if not current.status.active:
-                    continue  # ended or cancelled since it was listed
-                store.update_run(run.run_id, lambda r: r.model_copy(update={"claimed_by": self.me}))
+                try:
+                    current = store.get_run(run.tenant_id, run.kb_id, run.source_id, run.run_id)
+                    if not current.status.active:
+                        continue  # ended or cancelled since it was listed
+                    store.update_run(run.run_id, lambda r: r.model_copy(update={"claimed_by": self.me}))
+                except SourceNotFound:
+                    continue  # deleted since it was listed, with its source or its KB
+
                 engine = engine_of(services)
                 try:
                     engine.run(current, lambda: keeper.alive and not self._stop.is_set())

@@ -57,6 +57,7 @@ class _Pass:
     connector: Connector
     known: Mapping[str, ItemState]
     present: Mapping[str, DocStatus]
+    retry_failed: bool = False  # the run ingests again the documents the pipeline failed
     seen: set[str] = field(default_factory=set)
     gone: set[str] = field(default_factory=set)  # what an incremental listing said is gone
     # The key each document id was taken for in this pass: two keys may name one document (a page
@@ -86,34 +87,44 @@ class SyncEngine:
     def run(self, run: SyncRun, may_go_on: Callable[[], bool]) -> SyncRun:
         """Carry `run` to its end (or until `may_go_on` says no, raising `Stopped`); an outage of
         OpenSearch or Redis propagates and leaves the run to be resumed."""
-        started = self.store.update_run(run.run_id, _started)
+        with _stopped_if_missing(run):  # its record went with its source or its KB
+            started = self.store.update_run(run.run_id, _started)
         try:
             source = self.store.get(run.tenant_id, run.kb_id, run.source_id)
         except SourceNotFound:
             # The source went (its KB deleted) while the run waited or after a claim rewrote it:
             # nothing is left to sync or remove. Ended here, or every runner would pick it first
             # and fail on it again, and no other source's run would ever start.
-            return self.store.update_run(run.run_id, _orphaned)
+            with _stopped_if_missing(run):
+                return self.store.update_run(run.run_id, _orphaned)
+        with self._stopped_if_gone(source, run):
+            try:
+                if started.trigger == "remove":
+                    return self._remove(source, started, may_go_on)
+                with _connector_faults("setup"):
+                    connector = self.connector_for(source)
+            except (OutageError, Stopped, SourceNotFound):
+                raise
+            except RaglineError as error:
+                return self._end(source, started, RunStatus.FAILED, error=error)
+            try:
+                return self._sync(source, started, connector, may_go_on)
+            finally:
+                connector.close()
+
+    @contextlib.contextmanager
+    def _stopped_if_gone(self, source: Source, run: SyncRun) -> Iterator[None]:
+        """A run whose source went while it ran (its KB deleted, or the source forgotten with its
+        documents kept), the run's record with it, stops: what it wrote down since goes too, and
+        there is nothing to end. It logged a fault of the engine, and a removal went on deleting
+        the documents a DELETE with keep_documents had just kept."""
         try:
-            if started.trigger == "remove":
-                return self._remove(source, started, may_go_on)
-            with _connector_faults("setup"):
-                connector = self.connector_for(source)
-        except (OutageError, Stopped):
-            raise
-        except RaglineError as error:
-            return self._end(source, started, RunStatus.FAILED, error=error)
-        try:
-            return self._sync(source, started, connector, may_go_on)
+            yield
         except (SourceNotFound, Stopped) as stopped:
             if not self._stands(source):
-                # Its knowledge base was deleted while it ran, the run's record and its source's
-                # with it: what the run wrote down since goes too, and there is nothing to end.
                 self.store.drop_items(source.tenant_id, source.kb_id, source.source_id)
                 raise Stopped(run.run_id) from None
             raise stopped
-        finally:
-            connector.close()
 
     def _stands(self, source: Source) -> bool:
         try:
@@ -146,6 +157,7 @@ class SyncEngine:
             connector=connector,
             known=self.store.known(*scope),
             present=self.registry.source_documents(*scope),
+            retry_failed=run.retry_failed,
         )
         checked = time.monotonic()
         try:
@@ -190,12 +202,12 @@ class SyncEngine:
         except RaglineError as error:  # the listing itself failed: delete nothing
             self._flush(state, run)
             return self._end(source, run, RunStatus.FAILED, error=error, listed=len(state.seen))
-        untouched, failed = self._untouched(state, run) if connector.incremental else (0, 0)
+        untouched, written = self._untouched(state, run) if connector.incremental else (0, 0)
         return self._end(
             source,
             run,
             RunStatus.SUCCEEDED,
-            listed=len(state.seen) + untouched + failed,
+            listed=len(state.seen) + untouched + written,
             untouched=untouched,
             cursor=connector.cursor(),
             held=False,
@@ -203,8 +215,9 @@ class SyncEngine:
 
     def _untouched(self, state: _Pass, run: SyncRun) -> tuple[int, int]:
         """The items an incremental listing did not name, as they were: how many are unchanged,
-        and how many failed (their documents did, and the run counts them)."""
-        untouched = failed = 0
+        and how many the run wrote down otherwise (their documents failed, and the run counts
+        them, or retries them)."""
+        untouched = written = 0
         for key, known in state.known.items():
             if key in state.seen or key in state.gone or known.outcome == ItemOutcome.DELETED:
                 continue
@@ -212,13 +225,13 @@ class SyncEngine:
                 update={"run_id": state.run_id, "outcome": ItemOutcome.UNCHANGED, "error": None}
             )
             kept = self._unchanged(state, known, item)
-            if kept.outcome == ItemOutcome.FAILED:
-                self._keep(state, kept)
-                failed += 1
-            else:
+            if kept.outcome == ItemOutcome.UNCHANGED:
                 untouched += 1
+            else:
+                self._keep(state, kept)
+                written += 1
         self._flush(state, run)
-        return untouched, failed
+        return untouched, written
 
     def _take(self, state: _Pass, entry: Found) -> ItemState | None:
         if entry.key in state.seen:
@@ -284,13 +297,34 @@ class SyncEngine:
         return self._as_its_document(state, item.model_copy(update={"version": known.version}))
 
     def _as_its_document(self, state: _Pass, item: ItemState) -> ItemState:
-        """`item`, `unchanged`, or `failed` while the document it made stays failed."""
+        """`item`, `unchanged`, or `failed` while the document it made stays failed; in a run that
+        retries failed documents, such a one is ingested again and `updated`."""
         if state.present.get(item.doc_id) != DocStatus.FAILED:
             return item
         error = self._document_failure(state.source, item.doc_id)
         if error is None:
             return item
+        if state.retry_failed:
+            return self._retried(state, item)
         return item.model_copy(update={"outcome": ItemOutcome.FAILED, "error": failure(item.key, error)})
+
+    def _retried(self, state: _Pass, item: ItemState) -> ItemState:
+        """The failed document of `item` ingested again from its stored bytes, in the run's batch;
+        while the tenant's queue is full (429), the run waits as a client would."""
+        source = state.source
+        while True:
+            try:
+                self.ingestor.reingest(source.tenant_id, source.kb_id, item.doc_id, batch_id=state.run_id)
+            except OutageError:
+                raise
+            except RaglineError as error:
+                if error.code == ErrorCode.RATE_LIMITED:
+                    time.sleep(float(error.details.get("retry_after", self.retry_after_s)))
+                    continue
+                return item.model_copy(
+                    update={"outcome": ItemOutcome.FAILED, "error": failure(item.key, error)}
+                )
+            return item.model_copy(update={"outcome": ItemOutcome.UPDATED})
 
     def _document_failure(self, source: Source, doc_id: str) -> RaglineError | None:
         """Why the document failed, where it still has (None: a reingest has taken it on since)."""
@@ -393,9 +427,10 @@ class SyncEngine:
         scope = (source.tenant_id, source.kb_id, source.source_id)
         present = self.registry.source_documents(*scope)
         state = _Pass(source, run.run_id, _NoConnector(), self.store.known(*scope), present)
+        # Each deletion asks first whether the run may go on: cancelled (the source forgotten with
+        # its documents kept) it deletes no more.
         for known in state.known.values():
-            if not may_go_on():
-                raise Stopped(run.run_id)
+            self._check(run, may_go_on)
             if known.outcome != ItemOutcome.DELETED:
                 self._keep(state, self._delete(state, known))
         self._flush(state, run)
@@ -405,8 +440,7 @@ class SyncEngine:
         for doc_id, status in present.items():
             if doc_id in remembered or status in _ABSENT:
                 continue
-            if not may_go_on():
-                raise Stopped(run.run_id)
+            self._check(run, may_go_on)
             with contextlib.suppress(NotFound):
                 self.ingestor.delete(source.tenant_id, source.kb_id, doc_id)
         ended = self._end(source, run, RunStatus.SUCCEEDED, listed=0, keep_source=False)
@@ -586,6 +620,14 @@ def faulted(run: SyncRun) -> SyncRun:
     return run.model_copy(
         update={"status": RunStatus.FAILED, "finished_at": utcnow(), "claimed_by": None, "error": error}
     )
+
+
+@contextlib.contextmanager
+def _stopped_if_missing(run: SyncRun) -> Iterator[None]:
+    try:
+        yield
+    except SourceNotFound:
+        raise Stopped(run.run_id) from None
 
 
 def _orphaned(run: SyncRun) -> SyncRun:

@@ -76,9 +76,14 @@ def sync_source(
     allow_deletions: Annotated[
         bool, Query(description="Delete past the source's max_deleted_share, this run only.")
     ] = False,
+    retry_failed: Annotated[
+        bool, Query(description="Ingest again the documents the pipeline failed, their bytes unchanged.")
+    ] = False,
 ) -> SyncRun:
     """Start a run (or answer the one queued or running: one at a time); poll it at `.../runs/{run_id}`."""
-    return state.sources.sync(who.tenant, kb_id, source_id, allow_deletions=allow_deletions)
+    return state.sources.sync(
+        who.tenant, kb_id, source_id, allow_deletions=allow_deletions, retry_failed=retry_failed
+    )
 
 
 @router.get("/{source_id}/runs", response_model=RunList)

@@ -1,6 +1,8 @@
-"""A source's runs go with it, whatever arrives while it goes: a DELETE sent again, a sync whose
-source was removed (or whose knowledge base was deleted) between its read and its write. Runs
-written in those windows outlived the source, and a new source of the same id listed them.
+"""How a source's runs start (shared/sources/service.py): a sync joins the run under way, with the
+options it asks for while that run is queued; and the runs go with their source, whatever
+arrives while it goes: a DELETE sent again, a sync whose source was removed (or whose knowledge
+base was deleted) between its read and its write. Runs written in those windows outlived the
+source, and a new source of the same id listed them.
 
 The records live in indexes of the test's own, which the stack's runners never see; the test runs
 the removal itself."""
@@ -132,3 +134,31 @@ def test_a_sync_whose_source_went_after_it_was_read_takes_its_run_back(
         case.sources.start(read, "manual")
     assert refused.value.code == code
     assert case.stored_runs() == []
+
+
+def test_a_sync_joins_the_queued_run_with_its_options_and_is_refused_on_a_running_one(case: Case) -> None:
+    queued = case.sources.sync(*case.scope)
+    joined = case.sources.sync(*case.scope, retry_failed=True)
+    assert (joined.run_id, joined.retry_failed, joined.allow_deletions) == (queued.run_id, True, False)
+    both = case.sources.sync(*case.scope, allow_deletions=True)
+    assert (both.run_id, both.retry_failed, both.allow_deletions) == (queued.run_id, True, True)
+    assert case.sources.sync(*case.scope).run_id == queued.run_id  # asks nothing: joins as it is
+
+    case.store.update_run(queued.run_id, lambda r: r.model_copy(update={"status": RunStatus.RUNNING}))
+    case.store.update_run(queued.run_id, lambda r: r.model_copy(update={"retry_failed": False}))
+    with pytest.raises(RaglineError) as refused:
+        case.sources.sync(*case.scope, retry_failed=True)
+    assert refused.value.code == ErrorCode.CONFLICT
+    assert "without retry_failed" in refused.value.message
+
+
+def test_keeping_the_documents_is_refused_while_a_removal_deletes_them(case: Case) -> None:
+    """It answered 204, "the documents stay", while the removal went on deleting them."""
+    removal = case.sources.remove(*case.scope, keep_documents=False)
+    assert removal is not None
+    with pytest.raises(RaglineError) as refused:
+        case.sources.remove(*case.scope, keep_documents=True)
+    assert refused.value.code == ErrorCode.CONFLICT
+    assert removal.run_id in refused.value.message
+    assert [(run.run_id, run.status) for run in case.stored_runs()] == [(removal.run_id, RunStatus.QUEUED)]
+    assert case.store.get(*case.scope).deleting
