@@ -14,6 +14,7 @@ from shared.models import DocStatus, Document, KbSettings, KnowledgeBase
 from shared.queue import redis_client
 from shared.registry import Registry
 from shared.search.schema import chunks_alias
+from shared.sources.models import Source, SourceType
 from shared.wiring import blob_store
 
 
@@ -24,6 +25,17 @@ def new_kb(registry: Registry, **kb_settings: object) -> KnowledgeBase:
         tenant_id=tenant, kb_id="kb", name="test", settings=KbSettings.model_validate(kb_settings)
     )
     return registry.create_kb(kb)
+
+
+def share_source(kb: KnowledgeBase) -> Source:
+    """A folder source of `kb` as a test's engine runs it (over listings of the test's own)."""
+    return Source(
+        tenant_id=kb.tenant_id,
+        kb_id=kb.kb_id,
+        source_id="share",
+        type=SourceType.FOLDER,
+        settings={"path": "/share"},
+    )
 
 
 def orphan(

@@ -19,11 +19,11 @@ from shared.config import Settings
 from shared.errors import ErrorCode, RaglineError
 from shared.models import KnowledgeBase
 from shared.registry import Registry
-from shared.sources.models import RunStatus, Source, SourceType, SyncRun
+from shared.sources.models import RunStatus, Source, SyncRun
 from shared.sources.service import Sources
 from shared.sources.store import SourceNotFound, SourceStore
 from shared.wiring import Services
-from tests.integration.helpers import new_kb
+from tests.integration.helpers import new_kb, share_source
 from workers.sources.connector import Connector
 from workers.sources.sync import SyncEngine
 
@@ -57,13 +57,7 @@ def _no_connector(_: Source) -> Connector:
 def case(services: Services, registry: Registry, own_source_store: SourceStore, settings: Settings) -> Case:
     kb = new_kb(registry)
     sources = Sources(settings, own_source_store, registry, services.redis)
-    source = Source(
-        tenant_id=kb.tenant_id,
-        kb_id=kb.kb_id,
-        source_id="share",
-        type=SourceType.FOLDER,
-        settings={"path": "/share"},
-    )
+    source = share_source(kb)
     own_source_store.create(source)
     engine = SyncEngine(own_source_store, registry, services.ingestor, _no_connector, 1.0, 1000)
     return Case(sources, own_source_store, kb, source, engine)

@@ -19,10 +19,10 @@ import pytest
 from shared.errors import TransientError
 from shared.models import DocStatus, Document, ErrorInfo, KnowledgeBase
 from shared.registry import Registry
-from shared.sources.models import ItemState, RunStatus, Source, SourceType, SyncRun, Trigger
+from shared.sources.models import ItemState, RunStatus, Source, SyncRun, Trigger
 from shared.sources.store import SourceStore
 from shared.wiring import Services
-from tests.integration.helpers import new_kb, wait_terminal
+from tests.integration.helpers import new_kb, share_source, wait_terminal
 from workers import leader
 from workers.sources import runner
 from workers.sources.connector import Connector, Found, Gone
@@ -126,13 +126,7 @@ _ABSENT = (DocStatus.DELETED, DocStatus.DELETING)
 @pytest.fixture
 def case(services: Services, registry: Registry) -> Iterator[Case]:
     kb = new_kb(registry)
-    source = Source(
-        tenant_id=kb.tenant_id,
-        kb_id=kb.kb_id,
-        source_id="share",
-        type=SourceType.FOLDER,
-        settings={"path": "/share"},
-    )
+    source = share_source(kb)
     services.source_store.create(source)
     probe = SyncRun(run_id="probe", tenant_id=kb.tenant_id, kb_id=kb.kb_id, source_id=source.source_id)
     key = lease_key(probe)
