@@ -339,7 +339,7 @@ class SyncEngine:
         stage = f" in {found.stage}" if found.stage else ""
         return RaglineError(
             f"the document failed{stage}: {found.message} (its bytes are the same since: change them, "
-            "or reingest the document, to try again)",
+            "reingest the document, or sync with retry_failed, to try again)",
             code=code,
         )
 
