@@ -390,13 +390,15 @@ class Registry:
         response = self.client.search(index=self.docs, body={"size": 0, "query": live, "aggs": {"h": hashes}})
         return {str(bucket["key"]) for bucket in response["aggregations"]["h"]["buckets"]}
 
-    def source_documents(self, tenant_id: str, kb_id: str, source_id: str) -> dict[str, DocStatus]:
-        """The status of every document a source brought, by doc_id (written a moment ago too)."""
-        query = {
-            "bool": {
-                "filter": [*_kb_scope(tenant_id, kb_id)["bool"]["filter"], {"term": {"source_id": source_id}}]
-            }
-        }
+    def source_documents(
+        self, tenant_id: str, kb_id: str, source_id: str, batch_id: str | None = None
+    ) -> dict[str, DocStatus]:
+        """The status of every document a source brought (those of one batch, given `batch_id`), by
+        doc_id (written a moment ago too)."""
+        terms = [{"term": {"source_id": source_id}}]
+        if batch_id is not None:
+            terms.append({"term": {"batch_id": batch_id}})
+        query = {"bool": {"filter": [*_kb_scope(tenant_id, kb_id)["bool"]["filter"], *terms]}}
         self.refresh_docs()
         found: dict[str, DocStatus] = {}
         after: list[Any] | None = None

@@ -304,6 +304,41 @@ def test_a_run_that_retries_failed_documents_ingests_them_again_in_its_batch(cas
     assert wait_terminal(registry, kb, ["a.txt"])["a.txt"].status == DocStatus.READY
 
 
+def test_a_retry_run_resumed_after_its_worker_died_retries_each_document_once(
+    case: Case, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Resumed, it retried again what the dead attempt had retried and failed again meanwhile,
+    and counted `unchanged` what was still queued: 300 retried, 294 counted, two twice."""
+    kb, registry, ingestor = case.kb, case.services.registry, case.services.ingestor
+    names = ["a.txt", "b.txt", "c.txt"]
+    assert case.run(Listing([_item(name) for name in names])).counts["created"] == 3
+    wait_terminal(registry, kb, names)
+    before = {name: case.fail(name).content_version for name in names}
+    run = case.queued(retry_failed=True)
+    reingest, calls = ingestor.reingest, []
+
+    def reingest_then_die(tenant_id: str, kb_id: str, doc_id: str, *, batch_id: str | None = None) -> object:
+        done = reingest(tenant_id, kb_id, doc_id, batch_id=batch_id)
+        calls.append(doc_id)
+        if len(calls) == 2:
+            raise Died
+        return done
+
+    monkeypatch.setattr(ingestor, "reingest", reingest_then_die)
+    with pytest.raises(Died):
+        case.engine(lambda _: Listing([_item(name) for name in names])).run(run, lambda: True)
+    monkeypatch.undo()
+    wait_terminal(registry, kb, calls)
+    case.fail(calls[0])  # the pipeline failed it again before the run was resumed
+
+    resumed = case.engine(lambda _: Listing([_item(name) for name in names])).run(run, lambda: True)
+
+    assert resumed.counts["updated"] == 3
+    now = {name: registry.require_doc(kb.tenant_id, kb.kb_id, name).doc.content_version for name in names}
+    assert now == {name: version + 1 for name, version in before.items()}
+    assert len(registry.source_documents(kb.tenant_id, kb.kb_id, "share", resumed.run_id)) == 3
+
+
 @dataclass
 class Changes(Listing):
     """An incremental listing (as git's): it names what changed, and items it does not name are

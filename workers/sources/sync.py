@@ -58,6 +58,8 @@ class _Pass:
     known: Mapping[str, ItemState]
     present: Mapping[str, DocStatus]
     retry_failed: bool = False  # the run ingests again the documents the pipeline failed
+    # The documents this run retried before its worker died: resumed, it does not retry them again.
+    retried: AbstractSet[str] = frozenset()
     seen: set[str] = field(default_factory=set)
     gone: set[str] = field(default_factory=set)  # what an incremental listing said is gone
     # The key each document id was taken for in this pass: two keys may name one document (a page
@@ -158,6 +160,7 @@ class SyncEngine:
             known=self.store.known(*scope),
             present=self.registry.source_documents(*scope),
             retry_failed=run.retry_failed,
+            retried=self._retried_before(run),
         )
         checked = time.monotonic()
         try:
@@ -212,6 +215,13 @@ class SyncEngine:
             cursor=connector.cursor(),
             held=False,
         )
+
+    def _retried_before(self, run: SyncRun) -> AbstractSet[str]:
+        """What an earlier attempt of this run retried, though it may not have written it down: the
+        documents in the run's batch (a retry sets it)."""
+        if not run.retry_failed or run.attempts <= 1:
+            return frozenset()
+        return set(self.registry.source_documents(run.tenant_id, run.kb_id, run.source_id, run.run_id))
 
     def _untouched(self, state: _Pass, run: SyncRun) -> tuple[int, int]:
         """The items an incremental listing did not name, as they were: how many are unchanged,
@@ -299,6 +309,8 @@ class SyncEngine:
     def _as_its_document(self, state: _Pass, item: ItemState) -> ItemState:
         """`item`, `unchanged`, or `failed` while the document it made stays failed; in a run that
         retries failed documents, such a one is ingested again and `updated`."""
+        if item.doc_id in state.retried:
+            return item.model_copy(update={"outcome": ItemOutcome.UPDATED})
         if state.present.get(item.doc_id) != DocStatus.FAILED:
             return item
         error = self._document_failure(state.source, item.doc_id)
