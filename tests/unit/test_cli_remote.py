@@ -40,6 +40,7 @@ HOSTILE_IDS = [
 def settings(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Settings:
     monkeypatch.delenv("RAGLINE_API_KEY", raising=False)
     monkeypatch.delenv("RAGLINE_SERVER", raising=False)
+    monkeypatch.delenv("RAGLINE_API__PORT", raising=False)  # a shell of a stack on moved ports
     (tmp_path / "api-keys.json").write_text(json.dumps(KEYS))
     return load_settings(state_dir=tmp_path)
 
