@@ -16,7 +16,7 @@ from typing import cast
 
 import pytest
 
-from shared.errors import TransientError
+from shared.errors import ErrorCode, RaglineError, TransientError
 from shared.models import DocStatus, Document, ErrorInfo, KnowledgeBase
 from shared.registry import Registry
 from shared.sources.models import ItemState, RunStatus, Source, SyncRun, Trigger
@@ -337,6 +337,33 @@ def test_a_retry_run_resumed_after_its_worker_died_retries_each_document_once(
     now = {name: registry.require_doc(kb.tenant_id, kb.kb_id, name).doc.content_version for name in names}
     assert now == {name: version + 1 for name, version in before.items()}
     assert len(registry.source_documents(kb.tenant_id, kb.kb_id, "share", resumed.run_id)) == 3
+
+
+@pytest.mark.parametrize("call", ["submit", "reingest"])
+def test_a_run_waits_out_a_full_queue_and_sends_each_document_once(
+    case: Case, monkeypatch: pytest.MonkeyPatch, call: str
+) -> None:
+    """A 429 from the tenant's admission is waited out as a client would, for a new item's submit
+    and for a retried document's reingest alike."""
+    kb, ingestor = case.kb, case.services.ingestor
+    if call == "reingest":
+        assert case.run(Listing([_item("a.txt")])).counts["created"] == 1
+        wait_terminal(case.services.registry, kb, ["a.txt"])
+        case.fail("a.txt")
+    send, calls = getattr(ingestor, call), []
+
+    def full_once(*args: object, **kwargs: object) -> object:
+        calls.append(call)
+        if len(calls) == 1:
+            raise RaglineError(
+                "the queue is full", code=ErrorCode.RATE_LIMITED, details={"retry_after": 0.05}
+            )
+        return send(*args, **kwargs)
+
+    monkeypatch.setattr(ingestor, call, full_once)
+    run = case.run(Listing([_item("a.txt")]), retry_failed=call == "reingest")
+    assert (run.status, run.counts["created" if call == "submit" else "updated"]) == (RunStatus.SUCCEEDED, 1)
+    assert len(calls) == 2
 
 
 @dataclass

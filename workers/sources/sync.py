@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from datetime import timedelta
 
 from shared.errors import ErrorCode, OutageError, RaglineError, TransientError
-from shared.ingest import Ingestor
+from shared.ingest import Ingestor, SubmitResult
 from shared.models import DocStatus, ErrorInfo, Outcome, check_doc_id, utcnow
 from shared.registry import NotFound, Registry
 from shared.sources.models import ItemFailure, ItemOutcome, ItemState, RunStatus, Source, SyncRun
@@ -324,19 +324,27 @@ class SyncEngine:
         """The failed document of `item` ingested again from its stored bytes, in the run's batch;
         while the tenant's queue is full (429), the run waits as a client would."""
         source = state.source
+        try:
+            self._admitted(
+                lambda: self.ingestor.reingest(
+                    source.tenant_id, source.kb_id, item.doc_id, batch_id=state.run_id
+                )
+            )
+        except OutageError:
+            raise
+        except RaglineError as error:
+            return item.model_copy(update={"outcome": ItemOutcome.FAILED, "error": failure(item.key, error)})
+        return item.model_copy(update={"outcome": ItemOutcome.UPDATED})
+
+    def _admitted(self, send: Callable[[], SubmitResult]) -> SubmitResult:
+        """`send()`, waiting as a client would while the tenant's queue is full (429)."""
         while True:
             try:
-                self.ingestor.reingest(source.tenant_id, source.kb_id, item.doc_id, batch_id=state.run_id)
-            except OutageError:
-                raise
+                return send()
             except RaglineError as error:
-                if error.code == ErrorCode.RATE_LIMITED:
-                    time.sleep(float(error.details.get("retry_after", self.retry_after_s)))
-                    continue
-                return item.model_copy(
-                    update={"outcome": ItemOutcome.FAILED, "error": failure(item.key, error)}
-                )
-            return item.model_copy(update={"outcome": ItemOutcome.UPDATED})
+                if error.code != ErrorCode.RATE_LIMITED:
+                    raise
+                time.sleep(float(error.details.get("retry_after", self.retry_after_s)))
 
     def _document_failure(self, source: Source, doc_id: str) -> RaglineError | None:
         """Why the document failed, where it still has (None: a reingest has taken it on since)."""
@@ -362,29 +370,24 @@ class SyncEngine:
         written down: the document, unchanged now, says what this run's submit brought it.
         """
         source = state.source
-        while True:
-            try:
-                result = self.ingestor.submit(
-                    source.tenant_id,
-                    source.kb_id,
-                    data,
-                    filename=entry.filename,
-                    mime_type=entry.mime_type,
-                    doc_id=doc_id,
-                    source_uri=entry.uri,
-                    source_id=source.source_id,
-                    batch_id=state.run_id,
-                )
-            except RaglineError as error:
-                if error.code != ErrorCode.RATE_LIMITED:
-                    raise
-                time.sleep(float(error.details.get("retry_after", self.retry_after_s)))
-                continue
-            if result.outcome == Outcome.UNCHANGED:
-                current = self.registry.get_doc(source.tenant_id, source.kb_id, doc_id)
-                if current is not None and current.doc.batch_id == state.run_id and current.doc.outcome:
-                    return current.doc.outcome
-            return result.outcome
+        result = self._admitted(
+            lambda: self.ingestor.submit(
+                source.tenant_id,
+                source.kb_id,
+                data,
+                filename=entry.filename,
+                mime_type=entry.mime_type,
+                doc_id=doc_id,
+                source_uri=entry.uri,
+                source_id=source.source_id,
+                batch_id=state.run_id,
+            )
+        )
+        if result.outcome == Outcome.UNCHANGED:
+            current = self.registry.get_doc(source.tenant_id, source.kb_id, doc_id)
+            if current is not None and current.doc.batch_id == state.run_id and current.doc.outcome:
+                return current.doc.outcome
+        return result.outcome
 
     def _delete(self, state: _Pass, known: ItemState) -> ItemState:
         source = state.source
