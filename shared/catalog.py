@@ -384,8 +384,12 @@ class Catalog:
     def batch(self, tenant_id: str, batch_id: str) -> BatchView:
         """A batch's documents by status. A source run's batch is the run's id: it is found while
         the run has submitted nothing (or never does), and not done before the run has ended."""
-        total, counts = self.registry.batch_counts(tenant_id, batch_id)
         run = self.sources.tenant_run(tenant_id, batch_id)
+        if run is not None and not run.status.active:
+            # What the run sent just before it ended counts too: unsearchable yet, the batch read
+            # done without it.
+            self.registry.refresh_docs()
+        total, counts = self.registry.batch_counts(tenant_id, batch_id)
         if total == 0 and run is None:
             raise RaglineError(f"batch '{batch_id}' not found", code=ErrorCode.NOT_FOUND)
         failed = self.registry.batch_failures(tenant_id, batch_id)

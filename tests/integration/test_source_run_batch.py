@@ -49,6 +49,9 @@ def test_a_run_s_batch_is_found_at_once_and_done_only_once_the_run_has_ended(
     own_source_store.update_run(run.run_id, lambda r: r.model_copy(update={"status": RunStatus.SUCCEEDED}))
     ended = catalog.batch(kb.tenant_id, run.run_id)
     assert (ended.total, ended.counts, ended.done) == (1, {"ready": 1}, True)
+    orphan(registry, settings, kb, "b.txt", b"two", status=DocStatus.QUEUED, batch_id=run.run_id)
+    late = catalog.batch(kb.tenant_id, run.run_id)  # sent as the run ended, not refreshed yet
+    assert (late.total, late.done) == (2, False)
 
     other = new_kb(registry)
     with pytest.raises(RaglineError) as refused:
