@@ -32,13 +32,18 @@ install_venv() {
   fi
   [ -x "$VENV/bin/python" ] || "$PYTHON" -m venv "$VENV"
   say "setup: installing Python packages into $VENV"
-  "$VENV/bin/python" -m pip install -q --upgrade pip
+  # The packages take about 8 GiB installed, 4 of them torch's CUDA wheels (PyPI's only Linux
+  # torch), and pip keeps each download until its command ends, plus a copy in its cache. Without
+  # the cache, and with torch in a step of its own, a machine with little disk left gets through.
+  local pip=("$VENV/bin/python" -m pip install -q --no-cache-dir)
+  "${pip[@]}" --upgrade pip
   local constraints=()
   [ -f "$REPO_ROOT/constraints.txt" ] && constraints=(-c "$REPO_ROOT/constraints.txt")
-  "$VENV/bin/python" -m pip install -q "${constraints[@]}" -e "$REPO_ROOT[dev]"
+  "${pip[@]}" "${constraints[@]}" torch
+  "${pip[@]}" "${constraints[@]}" -e "$REPO_ROOT[dev]"
   # unstructured imports unstructured_inference even for the fast PDF strategy, but its own
   # dependencies (timm, torchvision, accelerate) serve only hi_res, which Ragline never uses.
-  "$VENV/bin/python" -m pip install -q "${constraints[@]}" --no-deps unstructured-inference
+  "${pip[@]}" "${constraints[@]}" --no-deps unstructured-inference
   echo "$want" >"$stamp"
 }
 
