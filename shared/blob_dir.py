@@ -18,7 +18,16 @@ from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
-from shared.blobs import LOCK_WAIT_S, BlobStore, StoredBlob, artifact_name, checked_digest, spool
+from shared.blobs import (
+    IDENTITY_NAME,
+    LOCK_WAIT_S,
+    BlobStore,
+    StoredBlob,
+    artifact_name,
+    checked_digest,
+    new_identity,
+    spool,
+)
 from shared.errors import OutageError, TransientError
 
 _LOCK_POLL_S = 0.01
@@ -68,6 +77,27 @@ class DirBlobStore(BlobStore):
         if not path.is_file():
             raise FileNotFoundError(f"no blob {sha256}")
         yield path
+
+    @property
+    def location(self) -> str:
+        return str(self.root)
+
+    def identity(self) -> str:
+        """A link of a written file: of processes creating the store's id at once, one link wins."""
+        path = self.root / IDENTITY_NAME
+        try:
+            if not path.is_file():
+                fd, tmp_name = tempfile.mkstemp(dir=self._tmp)
+                try:
+                    with os.fdopen(fd, "w", encoding="ascii") as out:
+                        out.write(new_identity())
+                    with contextlib.suppress(FileExistsError):
+                        os.link(tmp_name, path)
+                finally:
+                    Path(tmp_name).unlink(missing_ok=True)
+            return path.read_text(encoding="ascii").strip()
+        except OSError as error:
+            raise OutageError(f"the blob store's id in {self.root} cannot be read ({error})") from error
 
     def check(self) -> None:
         if not os.access(self._blobs, os.W_OK | os.X_OK):

@@ -21,9 +21,19 @@ from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any
 
 import redis
+from botocore.exceptions import ClientError
 
 from shared import s3
-from shared.blobs import LOCK_WAIT_S, BlobStore, StoredBlob, artifact_name, checked_digest, spool
+from shared.blobs import (
+    IDENTITY_NAME,
+    LOCK_WAIT_S,
+    BlobStore,
+    StoredBlob,
+    artifact_name,
+    checked_digest,
+    new_identity,
+    spool,
+)
 from shared.config import BlobsSettings
 from shared.errors import OutageError
 from shared.stripe_locks import StripeLocks
@@ -37,6 +47,8 @@ if TYPE_CHECKING:
 PART_BYTES = 16 << 20
 _DELETE_BATCH = 1000  # the most keys one DeleteObjects request takes
 _COPY_BYTES = 1 << 20
+# A conditional write that found the store's id already written by another process.
+_WRITTEN_BY_ANOTHER = {"PreconditionFailed", "ConditionalRequestConflict"}
 # A readiness probe's question: one attempt, answered within this bound, so a probe never waits
 # out the retries a document's request gets.
 PROBE_TIMEOUT_S = 2.0
@@ -75,6 +87,31 @@ class S3BlobStore(BlobStore):
             s3.check_bucket(self._s3, self.bucket, self._where)
             self._bucket_seen = True
         return self._s3
+
+    @property
+    def location(self) -> str:
+        return f"s3://{self.bucket}/{self.prefix}"
+
+    def identity(self) -> str:
+        key = f"{self.prefix}{IDENTITY_NAME}"
+        with contextlib.suppress(FileNotFoundError):
+            return s3.read_object(self._client(), self.bucket, key, self._where).decode("ascii").strip()
+        self._create_identity(key)
+        return s3.read_object(self._client(), self.bucket, key, self._where).decode("ascii").strip()
+
+    def _create_identity(self, key: str) -> None:
+        """Written only if absent; a store without conditional writes takes a plain one, so two
+        first writers race there and the last one stands, which every process reads at its next ask."""
+        client, body = self._client(), new_identity().encode()
+        with s3.translated(self.bucket, self._where):
+            try:
+                client.put_object(Bucket=self.bucket, Key=key, Body=body, IfNoneMatch="*")
+            except ClientError as error:
+                if s3.error_code(error) in _WRITTEN_BY_ANOTHER:
+                    return
+                if s3.error_code(error) != "NotImplemented":
+                    raise
+                client.put_object(Bucket=self.bucket, Key=key, Body=body)
 
     def check(self) -> None:
         s3.check_bucket(self._probe, self.bucket, self._where)

@@ -18,6 +18,7 @@ from __future__ import annotations
 import abc
 import contextlib
 import hashlib
+import uuid
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from datetime import datetime
@@ -30,6 +31,8 @@ from shared.models import PIPELINE, Document
 # A pin lasts one registry write, a removal one registry search: waiting longer means something
 # is stuck, and the caller is told to retry rather than wait without end.
 LOCK_WAIT_S = 30.0
+# The object (or file) that names a store (`BlobStore.identity`), beside its blobs and artifacts.
+IDENTITY_NAME = "store-id"
 
 
 @dataclass(frozen=True)
@@ -69,6 +72,10 @@ def version_artifact_keys(doc: Document, versions: Iterable[int]) -> list[str]:
             keys.append(artifact_key(doc, version, stage.value))
             keys.append(unstamped_artifact_key(doc, version, stage.value))
     return keys
+
+
+def new_identity() -> str:
+    return uuid.uuid4().hex
 
 
 def checked_digest(sha256: str) -> str:
@@ -131,6 +138,16 @@ class BlobStore(abc.ABC):
 
     @abc.abstractmethod
     def drop_artifacts(self, keys: Iterable[str]) -> None: ...
+
+    @property
+    @abc.abstractmethod
+    def location(self) -> str:
+        """Where the store is (a directory, a bucket and prefix), for an operator's log line."""
+
+    @abc.abstractmethod
+    def identity(self) -> str:
+        """The store's id: written by the first process to ask, read by every other that shares
+        the store (shared/blob_sharing.py compares a front's with its workers')."""
 
     @abc.abstractmethod
     def check(self) -> None:

@@ -115,6 +115,10 @@ class RedisSettings(_Section):
         return value
 
 
+# Heartbeats a worker may miss before it counts as dead: a busy worker's beat can be late.
+WORKER_SILENT_INTERVALS = 4
+
+
 class CelerySettings(_Section):
     """Reliability knobs of the task queue (see docs/architecture.md#pipeline-stages)."""
 
@@ -198,6 +202,11 @@ class CelerySettings(_Section):
                 f"time_limit_s ({self.time_limit_s})"
             )
         return self
+
+    @property
+    def worker_silent_s(self) -> float:
+        """A worker whose heartbeat (one each reconcile interval) is silent this long is dead."""
+        return WORKER_SILENT_INTERVALS * self.reconcile_interval_s
 
 
 class EmbeddingSettings(_Section):

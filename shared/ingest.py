@@ -24,6 +24,7 @@ from celery import Celery
 
 from shared import erasure, fairqueue, tracing
 from shared.admission import Admission, Admitter
+from shared.blob_sharing import SharedBlobs
 from shared.blobs import BlobStore
 from shared.config import Settings
 from shared.errors import ErrorCode, RaglineError, TransientError
@@ -119,6 +120,7 @@ class Ingestor:
         self.blobs = blobs
         self.sender = sender
         self.admitter = Admitter(settings, registry, broker)
+        self.shared_blobs = SharedBlobs(blobs, broker, settings.celery.worker_silent_s)
         self.fetch_policy = FetchPolicy.of(settings.fetch.allow)
 
     @property
@@ -191,6 +193,8 @@ class Ingestor:
                     code=ErrorCode.TOO_LARGE,
                     details={"limit": limit, "document": number},
                 )
+        if any(upload.url is None for upload in uploads):
+            self.shared_blobs.check()
         sizes = [self.fetch_limit if u.url is not None else u.known_size for u in uploads]
         admission = self.admitter.admit(tenant_id, priority, sizes)
         results: list[SubmitResult] = []
@@ -354,6 +358,7 @@ class Ingestor:
         It is admitted like an upload of the same size (shared/admission.py).
         """
         found = self.registry.require_doc(tenant_id, kb_id, doc_id)
+        self.shared_blobs.check()
         admission = self.admitter.admit(tenant_id, None, [found.doc.file_size])
         try:
             return self._reingest(tenant_id, kb_id, doc_id, admission, batch_id)

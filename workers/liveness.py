@@ -11,8 +11,12 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from collections.abc import Callable
 
 import redis
+
+from shared import blob_sharing
+from shared.errors import RaglineError
 
 log = logging.getLogger(__name__)
 
@@ -27,6 +31,7 @@ def forget_dead(client: redis.Redis, silent_s: float) -> list[str]:
     dead = [_text(name) for name, at in seen.items() if now - float(at) > silent_s]
     if dead:
         client.hdel(WORKERS_KEY, *dead)
+        blob_sharing.forget(client, *dead)
     return dead
 
 
@@ -36,25 +41,51 @@ def _text(value: bytes | str) -> str:
 
 class Heartbeat:
     """One worker's beat. A beat that landed after `leave` would register the stopped worker again,
-    and its silence would then read as a death: beat and leave share a lock, and none follows a leave."""
+    and its silence would then read as a death: beat and leave share a lock, and none follows a leave.
 
-    def __init__(self, client: redis.Redis, me: str, interval_s: float) -> None:
+    Each beat also announces the id of the blob store the worker reads (`store_id`, when given),
+    against which the fronts check theirs (shared/blob_sharing.py).
+    """
+
+    def __init__(
+        self,
+        client: redis.Redis,
+        me: str,
+        interval_s: float,
+        store_id: Callable[[], str] | None = None,
+    ) -> None:
         self.client = client
         self.me = me
         self.interval_s = interval_s
+        self.store_id = store_id
         self._lock = threading.Lock()
         self._left = threading.Event()
 
     def beat(self) -> None:
+        store = self._store()
         with self._lock:
             if not self._left.is_set():
                 self.client.hset(WORKERS_KEY, self.me, str(time.time()))
+                if store is not None:
+                    blob_sharing.announce(self.client, self.me, store)
+
+    def _store(self) -> str | None:
+        """The store's id, read again each beat (a store emptied and begun again has a new one);
+        None while the store cannot say, which its own failures report."""
+        if self.store_id is None:
+            return None
+        try:
+            return self.store_id()
+        except (RaglineError, OSError):
+            log.warning("the blob store's id could not be read; not announced this beat", exc_info=True)
+            return None
 
     def leave(self) -> None:
         """A clean shutdown: the worker's reserved tasks went back to the queue, nothing to recover."""
         with self._lock:
             self._left.set()
             self.client.hdel(WORKERS_KEY, self.me)
+            blob_sharing.forget(self.client, self.me)
 
     def start(self) -> None:
         threading.Thread(target=self._run, name="ragline-liveness", daemon=True).start()

@@ -31,7 +31,6 @@ from workers.context import WorkerContext
 log = logging.getLogger(__name__)
 
 EPOCH_KEY = "ragline:broker:epoch"
-DEAD_AFTER_INTERVALS = 4  # a worker silent this many reconcile intervals is dead
 ACTIVE = [s.value for s in DocStatus if not s.terminal and s != DocStatus.DELETING]
 PAGE = 500
 ORDER = [{"tenant_id": "asc"}, {"kb_id": "asc"}, {"doc_id": "asc"}]
@@ -111,7 +110,7 @@ def reconcile_once(ctx: WorkerContext) -> int:
     """Send again every unfinished document whose lease expired (all of them if the broker lost its
     data), and finish interrupted deletes; returns how many documents were sent."""
     broker_lost = bool(ctx.redis.set(EPOCH_KEY, utcnow().isoformat(), nx=True))
-    dead = liveness.forget_dead(ctx.redis, DEAD_AFTER_INTERVALS * ctx.settings.celery.reconcile_interval_s)
+    dead = liveness.forget_dead(ctx.redis, ctx.settings.celery.worker_silent_s)
     filters: list[dict[str, Any]] = [{"terms": {"status": ACTIVE}}]
     if not (broker_lost or dead):
         filters.append({"range": {"lease_until": {"lt": utcnow().isoformat()}}})

@@ -19,6 +19,7 @@ from shared.ingest import STAGE_TASK, StageRef
 from shared.models import Stage
 from shared.queue import enqueue, redis_client
 from shared.registry import Registry
+from shared.wiring import blob_store
 from workers import confinement, leader, liveness, metrics
 from workers.context import worker_context
 from workers.cpu_affinity import pin_pool_process
@@ -68,7 +69,8 @@ def _start_periodic_jobs(sender: Any = None, **_: Any) -> None:
     _JOBS.append(leader.start("ragline-feeder", broker, FEEDER_LEASE, me, 0.2, feed))
     _RUNNERS.append(SyncRunner(broker, me, worker_context, settings.sources.run_lease_s))
     _RUNNERS[0].start()
-    _HEART.append(liveness.Heartbeat(broker, me, celery.reconcile_interval_s))
+    blobs = blob_store(settings, broker)
+    _HEART.append(liveness.Heartbeat(broker, me, celery.reconcile_interval_s, store_id=blobs.identity))
     _HEART[0].start()
 
 

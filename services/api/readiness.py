@@ -18,6 +18,7 @@ from opensearchpy import OpenSearch
 
 from services.api.single_flight import SingleFlight
 from services.core.container import AppState
+from shared.blob_sharing import NotTheWorkersStore, SharedBlobs
 from shared.blobs import BlobStore
 from shared.config import Settings
 from shared.queue import ping_workers
@@ -64,10 +65,15 @@ def _workers(sender: Celery) -> Check:
     return {"ok": bool(replies), "count": len(replies)}
 
 
-def _blobs(store: BlobStore) -> Check:
-    """The store can serve: its directory is writable, or its bucket answers and exists (what is
-    wrong is logged by the worker and told to the requests that meet it, not to a public probe)."""
+def _blobs(store: BlobStore, shared: SharedBlobs) -> Check:
+    """The store can serve: its directory is writable, or its bucket answers and exists, and it is
+    the one the live workers read (what is wrong is logged and told to the requests that meet it,
+    not to a public probe)."""
     store.check()
+    try:
+        shared.check()
+    except NotTheWorkersStore:
+        return {"ok": False, "error": "NOT_THE_WORKERS_STORE"}
     return {"ok": True}
 
 
@@ -78,11 +84,12 @@ def _late() -> Check:
 class Readiness:
     def __init__(self, state: AppState) -> None:
         probe_redis = bounded_redis(state.settings)
+        shared = SharedBlobs(state.blobs, probe_redis, state.settings.celery.worker_silent_s)
         questions: dict[str, Callable[[], Check]] = {
             "opensearch": lambda: _opensearch(state.client),
             "redis": lambda: _redis(probe_redis),
             "workers": lambda: _workers(state.sender),
-            "blobs": lambda: _blobs(state.blobs),
+            "blobs": lambda: _blobs(state.blobs, shared),
         }
         self._checks = {
             name: SingleFlight(_asked(question), fresh_s=FRESH_S, wait_s=WAIT_S, late=_late)

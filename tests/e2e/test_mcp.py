@@ -65,8 +65,8 @@ def anyio_backend() -> str:
 
 
 @asynccontextmanager
-async def stdio_session(tenant: str) -> AsyncIterator[ClientSession]:
-    env = {**os.environ, "RAGLINE_TENANT": tenant}
+async def stdio_session(tenant: str, **settings: str) -> AsyncIterator[ClientSession]:
+    env = {**os.environ, "RAGLINE_TENANT": tenant, **settings}
     params = StdioServerParameters(command=RAGLINE, args=["mcp"], env=env)
     async with stdio_client(params) as (read, write), ClientSession(read, write) as session:
         initialized = await session.initialize()
@@ -153,6 +153,23 @@ async def lifecycle(session: ClientSession) -> None:
 async def test_stdio_lifecycle() -> None:
     async with stdio_session(f"stdio-{secrets.token_hex(4)}") as session:
         await lifecycle(session)
+
+
+async def test_stdio_on_a_state_dir_no_worker_reads_refuses_uploads(tmp_path: Path) -> None:
+    """An MCP client's config without the stack's RAGLINE_STATE_DIR: the bytes would go where no
+    worker looks, and each document would fail a minute after it was accepted."""
+    state = tmp_path / "another-checkout-state"
+    async with stdio_session(f"stdio-{secrets.token_hex(4)}", RAGLINE_STATE_DIR=str(state)) as session:
+        kb = f"kb-{uuid.uuid4().hex[:6]}"
+        await call(session, "create_knowledge_base", kb_id=kb, name="elsewhere")
+        for arguments in ({"content": "A note."}, {"content_base64": base64.b64encode(b"Bytes.").decode()}):
+            refused = await session.call_tool("ingest", {"kb_id": kb, **arguments})
+            text = error_text(refused)
+            assert text.startswith("UNAVAILABLE: "), text
+            assert "RAGLINE_STATE_DIR" in text
+            assert str(tmp_path) not in text
+        assert (await call(session, "list_documents", kb_id=kb))["documents"] == []
+    assert not [p for p in (state / "blobstore" / "blobs").rglob("*") if p.is_file()]
 
 
 async def test_http_lifecycle(server: Server) -> None:

@@ -28,7 +28,7 @@ from workers.context import WorkerContext
 from workers.handover import hand_over, resend
 from workers.lease import WORKER_ID, stage_lease
 from workers.pipeline import STAGES
-from workers.reconciler import DEAD_AFTER_INTERVALS, EPOCH_KEY
+from workers.reconciler import EPOCH_KEY
 from workers.runner import Retry, run_chained, run_stage
 from workers.stages import parse
 from workers.stages.base import StageResult
@@ -159,7 +159,7 @@ def settled(client: redis.Redis, settings: Settings, timeout_s: float = 90) -> N
     """Wait until the reconciler has no reason to send every active document again: the broker's
     epoch is back after a flush, and no worker left its beat behind (the tests above make both).
     A claim this test holds by hand would otherwise be taken from it at the next round."""
-    dead_after = DEAD_AFTER_INTERVALS * settings.celery.reconcile_interval_s
+    dead_after = settings.celery.worker_silent_s
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         beats = [float(v) for v in client.hgetall(liveness.WORKERS_KEY).values()]

@@ -17,6 +17,7 @@ import sys
 import time
 import uuid
 from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import IO
 
@@ -321,3 +322,19 @@ def test_the_server_stopped_is_an_outage_the_documents_wait_out(store: S3BlobSto
     finally:
         stack("up", "s3")
     assert store.read(blob.sha256) == b"stored before the server stopped"
+
+
+def test_stores_on_one_prefix_agree_on_one_id_and_another_prefix_has_its_own(
+    place: BlobsSettings, server: BlobsSettings, redis_client: redis.Redis, tmp_path: Path
+) -> None:
+    """Many processes asking a fresh prefix for its id at once (an API and its workers starting
+    together) agree on the id that stands; the S3 server is asked what it honours, not assumed to."""
+    stores = [S3BlobStore(place, redis_client, tmp_path / f"scratch{i}") for i in range(8)]
+    with ThreadPoolExecutor(len(stores)) as pool:
+        first = list(pool.map(lambda store: store.identity(), stores))
+    again = {store.identity() for store in stores}
+    assert len(again) == 1
+    assert set(first) == again  # no process was told an id that did not stand
+    assert _keys(place) == [f"{place.prefix}store-id"]
+    other = server.model_copy(update={"url": f"s3://{server.bucket}/test-{uuid.uuid4().hex[:12]}"})
+    assert S3BlobStore(other, redis_client, tmp_path / "other").identity() not in again

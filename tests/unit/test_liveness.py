@@ -3,33 +3,44 @@
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable
 from typing import Any
 
 import redis
 
+from shared import blob_sharing
+from shared.errors import OutageError
 from workers import liveness
 
 
 class RecordingRedis:
-    """Holds the workers hash in a dict: the heartbeat's logic, not Redis, is under test here."""
+    """Holds each hash in a dict: the heartbeat's logic, not Redis, is under test here."""
 
     def __init__(self) -> None:
-        self.hash: dict[str, str] = {}
+        self.hashes: dict[str, dict[str, str]] = {liveness.WORKERS_KEY: {}, blob_sharing.STORES_KEY: {}}
         self.calls: list[str] = []
 
+    @property
+    def hash(self) -> dict[str, str]:
+        return self.hashes[liveness.WORKERS_KEY]
+
     def hset(self, key: str, field: str, value: str) -> None:
-        assert key == liveness.WORKERS_KEY
         self.calls.append("hset")
-        self.hash[field] = value
+        self.hashes[key][field] = value
 
     def hdel(self, key: str, *fields: str) -> None:
         self.calls.append("hdel")
         for name in fields:
-            self.hash.pop(name, None)
+            self.hashes[key].pop(name, None)
+
+    def hgetall(self, key: str) -> dict[str, str]:
+        return dict(self.hashes[key])
 
 
-def _heart(client: RecordingRedis, interval_s: float = 60) -> liveness.Heartbeat:
-    return liveness.Heartbeat(client, "host:1", interval_s)  # type: ignore[arg-type]
+def _heart(
+    client: RecordingRedis, interval_s: float = 60, store_id: Callable[[], str] | None = None
+) -> liveness.Heartbeat:
+    return liveness.Heartbeat(client, "host:1", interval_s, store_id)  # type: ignore[arg-type]
 
 
 def test_a_beat_after_leave_does_not_register_the_worker_again() -> None:
@@ -39,8 +50,8 @@ def test_a_beat_after_leave_does_not_register_the_worker_again() -> None:
     assert "host:1" in client.hash
     heart.leave()
     heart.beat()  # the beat thread's next turn, racing the shutdown
-    assert client.hash == {}
-    assert client.calls == ["hset", "hdel"]
+    assert client.hashes == {liveness.WORKERS_KEY: {}, blob_sharing.STORES_KEY: {}}
+    assert client.calls == ["hset", "hdel", "hdel"]
 
 
 def test_leave_stops_the_beat_thread() -> None:
@@ -74,3 +85,33 @@ def test_a_failed_beat_is_retried_not_fatal() -> None:
     heart.leave()
     assert client.calls[0] == "refused"
     assert "hset" in client.calls
+
+
+def test_each_beat_announces_the_store_the_worker_reads_and_leave_takes_it_back() -> None:
+    client = RecordingRedis()
+    ids = iter(["first", "second"])
+    heart = _heart(client, store_id=lambda: next(ids))
+    heart.beat()
+    assert blob_sharing.live_stores(client, silent_s=60) == {"first"}  # type: ignore[arg-type]
+    heart.beat()  # read again each beat: a store begun anew has a new id
+    assert blob_sharing.live_stores(client, silent_s=60) == {"second"}  # type: ignore[arg-type]
+    heart.leave()
+    assert blob_sharing.live_stores(client, silent_s=60) == set()  # type: ignore[arg-type]
+
+
+def test_a_store_that_cannot_say_its_id_still_lets_the_worker_beat() -> None:
+    def down() -> str:
+        raise OutageError("the S3 store is unreachable")
+
+    client = RecordingRedis()
+    _heart(client, store_id=down).beat()
+    assert "host:1" in client.hash
+    assert client.hashes[blob_sharing.STORES_KEY] == {}
+
+
+def test_a_dead_worker_is_forgotten_with_its_store() -> None:
+    client = RecordingRedis()
+    _heart(client, store_id=lambda: "gone").beat()
+    client.hashes[liveness.WORKERS_KEY]["host:1"] = "0"  # its last beat, long ago
+    assert liveness.forget_dead(client, silent_s=60) == ["host:1"]  # type: ignore[arg-type]
+    assert client.hashes[blob_sharing.STORES_KEY] == {}

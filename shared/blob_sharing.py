@@ -1,0 +1,102 @@
+"""Whether a front's blob store is the one the running workers read.
+
+A front (the API, `ragline mcp`, a local bulk load) stores a document's bytes and a worker reads
+them back. Started with another state dir or bucket than the workers', a front would accept
+documents that no worker can read: each said `queued`, then failed RETRIES_EXHAUSTED a minute
+later. So every store has an id (`BlobStore.identity`), each worker announces its store's with its
+heartbeat, and a front refuses to store bytes while live workers announce only other stores.
+
+Where no live worker announces one (none is running, or all predate the announcement), there is
+nothing to compare and documents are accepted, to wait for a worker as they always have.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+import time
+
+import redis
+
+from shared.blobs import BlobStore
+from shared.errors import ErrorCode, RaglineError
+
+log = logging.getLogger(__name__)
+
+STORES_KEY = "ragline:worker-blob-stores"  # worker name -> {"store": id, "at": epoch seconds}
+# How long a front trusts its last answer: a check per upload would cost two reads each.
+FRESH_S = 5.0
+
+
+def announce(client: redis.Redis, worker: str, store_id: str) -> None:
+    client.hset(STORES_KEY, worker, json.dumps({"store": store_id, "at": time.time()}))
+
+
+def forget(client: redis.Redis, *workers: str) -> None:
+    if workers:
+        client.hdel(STORES_KEY, *workers)
+
+
+def live_stores(client: redis.Redis, silent_s: float) -> set[str]:
+    """The stores that workers heard from within `silent_s` read."""
+    raw = client.hgetall(STORES_KEY)
+    now, stores = time.time(), set()
+    for value in (raw if isinstance(raw, dict) else {}).values():
+        try:
+            entry = json.loads(value)
+            if now - float(entry["at"]) <= silent_s:
+                stores.add(str(entry["store"]))
+        except (ValueError, TypeError, KeyError):
+            continue  # not an announcement of this version: nothing to compare
+    return stores
+
+
+class NotTheWorkersStore(RaglineError):
+    code = ErrorCode.UNAVAILABLE
+
+
+class SharedBlobs:
+    """A front's check that its blob store is its workers'; the answer holds for FRESH_S."""
+
+    def __init__(self, blobs: BlobStore, client: redis.Redis, silent_s: float) -> None:
+        self.blobs = blobs
+        self.client = client
+        self.silent_s = silent_s
+        self._lock = threading.Lock()
+        self._answer: tuple[float, bool | None] = (0.0, None)
+
+    def check(self) -> None:
+        """Raise NotTheWorkersStore when the live workers read other stores than this front's."""
+        with self._lock:
+            until, shared = self._answer
+            if time.monotonic() >= until:
+                shared = self._shared()
+                if shared is not None:
+                    self._answer = (time.monotonic() + FRESH_S, shared)
+        if shared is False:
+            raise NotTheWorkersStore(
+                "this server keeps uploaded bytes in a blob store that none of the running workers "
+                "reads, so no document sent to it could be processed; the operator must start it "
+                "with the workers' RAGLINE_STATE_DIR (or RAGLINE_BLOBS__URL)"
+            )
+
+    def _shared(self) -> bool | None:
+        """None: unknown, as Redis did not answer (the request meets that outage in its own words)."""
+        try:
+            stores = live_stores(self.client, self.silent_s)
+        except redis.RedisError:
+            return None
+        if not stores:
+            return True
+        mine = self.blobs.identity()
+        if mine in stores:
+            return True
+        log.error(
+            "the blob store %s (id %s) is not the one the running workers read (ids %s): documents "
+            "are refused until this process runs with the workers' RAGLINE_STATE_DIR or RAGLINE_BLOBS__URL",
+            self.blobs.location,
+            mine,
+            ", ".join(sorted(stores)),
+        )
+        return False

@@ -1,0 +1,115 @@
+"""A front refuses to store bytes in a blob store that none of the live workers reads."""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from pathlib import Path
+
+import pytest
+import redis
+
+from shared import blob_sharing
+from shared.blob_dir import DirBlobStore
+from shared.blob_sharing import SharedBlobs
+from shared.errors import ErrorCode, RaglineError
+
+
+class Stores:
+    """The workers' announcements, as the hash holds them: the check's logic is under test here."""
+
+    def __init__(self) -> None:
+        self.hash: dict[str, str] = {}
+        self.reads = 0
+        self.down = False
+
+    def hgetall(self, key: str) -> dict[str, str]:
+        assert key == blob_sharing.STORES_KEY
+        if self.down:
+            raise redis.ConnectionError("down")
+        self.reads += 1
+        return dict(self.hash)
+
+    def hset(self, key: str, field: str, value: str) -> None:
+        self.hash[field] = value
+
+
+def _check(blobs: DirBlobStore, stores: Stores) -> SharedBlobs:
+    return SharedBlobs(blobs, stores, silent_s=60)  # type: ignore[arg-type]
+
+
+def test_stores_on_one_directory_have_one_id_and_others_another(tmp_path: Path) -> None:
+    one = DirBlobStore(tmp_path / "stack")
+    assert one.identity() == DirBlobStore(tmp_path / "stack").identity() == one.identity()
+    assert DirBlobStore(tmp_path / "elsewhere").identity() != one.identity()
+
+
+def test_processes_creating_a_stores_id_at_once_agree_on_one(tmp_path: Path) -> None:
+    ids: list[str] = []
+    start = threading.Barrier(16)
+
+    def ask() -> None:
+        start.wait()
+        ids.append(DirBlobStore(tmp_path / "fresh").identity())
+
+    threads = [threading.Thread(target=ask) for _ in range(16)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert len(ids) == 16
+    assert len(set(ids)) == 1
+
+
+def test_a_front_on_the_workers_store_is_let_through(tmp_path: Path) -> None:
+    blobs, stores = DirBlobStore(tmp_path / "stack"), Stores()
+    blob_sharing.announce(stores, "host:1", blobs.identity())  # type: ignore[arg-type]
+    blob_sharing.announce(stores, "host:2", "another")  # type: ignore[arg-type]
+    _check(blobs, stores).check()
+
+
+def test_a_front_on_another_store_is_refused_by_a_stable_code(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    stack, stores = DirBlobStore(tmp_path / "stack"), Stores()
+    blob_sharing.announce(stores, "host:1", stack.identity())  # type: ignore[arg-type]
+    elsewhere = DirBlobStore(tmp_path / "checkout" / ".ragline-state" / "blobstore")
+    with pytest.raises(RaglineError) as refused:
+        _check(elsewhere, stores).check()
+    assert refused.value.code == ErrorCode.UNAVAILABLE
+    assert "RAGLINE_STATE_DIR" in refused.value.message
+    assert str(tmp_path) not in refused.value.message  # the server's paths are for its log
+    assert str(elsewhere.root) in caplog.text
+
+
+def test_no_live_announcement_is_nothing_to_compare(tmp_path: Path) -> None:
+    stores = Stores()
+    stores.hash["host:1"] = json.dumps({"store": "stack", "at": time.time() - 3600})  # a dead worker's
+    stores.hash["host:2"] = "1733500000.0"  # not an announcement of this version
+    _check(DirBlobStore(tmp_path / "elsewhere"), stores).check()
+
+
+def test_the_answer_is_kept_a_while_then_asked_again(tmp_path: Path) -> None:
+    blobs, stores = DirBlobStore(tmp_path / "stack"), Stores()
+    blob_sharing.announce(stores, "host:1", "another")  # type: ignore[arg-type]
+    check = _check(blobs, stores)
+    for _ in range(3):
+        with pytest.raises(RaglineError):
+            check.check()
+    assert stores.reads == 1
+    blob_sharing.announce(stores, "host:1", blobs.identity())  # type: ignore[arg-type]
+    check._answer = (0.0, False)  # its time is up
+    check.check()
+    assert stores.reads == 2
+
+
+def test_redis_down_is_left_to_the_request_and_not_remembered(tmp_path: Path) -> None:
+    blobs, stores = DirBlobStore(tmp_path / "stack"), Stores()
+    blob_sharing.announce(stores, "host:1", "another")  # type: ignore[arg-type]
+    check = _check(blobs, stores)
+    stores.down = True
+    check.check()
+    stores.down = False
+    with pytest.raises(RaglineError):
+        check.check()
