@@ -8,9 +8,11 @@ from __future__ import annotations
 
 import os
 import socket
+import threading
 import uuid
 from collections.abc import Callable, Iterator, Mapping
 from collections.abc import Set as AbstractSet
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, replace
 from typing import cast
 
@@ -24,7 +26,7 @@ from shared.sources.store import SourceStore
 from shared.wiring import Services
 from tests.integration.helpers import new_kb, share_source, wait_terminal
 from workers import leader
-from workers.sources import runner
+from workers.sources import runner, sync
 from workers.sources.connector import Connector, Found, Gone
 from workers.sources.runner import lease_key
 from workers.sources.sync import Stopped, SyncEngine
@@ -366,6 +368,97 @@ def test_a_run_waits_out_a_full_queue_and_sends_each_document_once(
     assert len(calls) == 2
 
 
+def _always_full(ingestor: object, monkeypatch: pytest.MonkeyPatch, after: int = 0) -> list[str]:
+    """The tenant's queue full (429) for every submit after the first `after`; the calls made."""
+    send, calls = ingestor.submit, []  # type: ignore[attr-defined]
+
+    def full(*args: object, **kwargs: object) -> object:
+        calls.append("submit")
+        if len(calls) > after:
+            raise RaglineError("the queue is full", code=ErrorCode.RATE_LIMITED, details={"retry_after": 0.3})
+        return send(*args, **kwargs)
+
+    monkeypatch.setattr(ingestor, "submit", full)
+    return calls
+
+
+def _in_background(call: Callable[[], SyncRun]) -> tuple[Future[SyncRun], ThreadPoolExecutor]:
+    pool = ThreadPoolExecutor(1)
+    return pool.submit(call), pool
+
+
+def test_a_run_waiting_out_a_full_queue_stops_once_cancelled(
+    case: Case, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The wait for admission asked nothing: a cancelled run went on waiting (and holding its
+    runner) until its tenant's queue had room."""
+    calls = _always_full(case.services.ingestor, monkeypatch)
+    run = case.queued()
+    engine = case.engine(lambda _: Listing([_item("a.txt")]))
+    waiting, pool = _in_background(lambda: engine.run(run, lambda: True))
+    try:
+        while len(calls) < 2:
+            assert not waiting.done(), waiting
+            threading.Event().wait(0.05)
+        case.services.sources.cancel(run)
+        with pytest.raises(Stopped) as stopped:
+            waiting.result(timeout=30)
+        assert type(stopped.value) is Stopped  # nobody else waits: it did not make way
+    finally:
+        pool.shutdown(wait=False, cancel_futures=True)
+
+
+def test_a_run_held_by_its_full_queue_makes_way_for_another_tenants_then_goes_on(
+    case: Case, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(sync, "MAKE_WAY_AFTER_S", 1.0)
+    ingestor, store = case.services.ingestor, case.services.source_store
+    send = ingestor.submit
+    calls = _always_full(ingestor, monkeypatch, after=1)
+    items = [_item("a.txt"), _item("b.txt")]
+    run = case.queued()
+    engine = case.engine(lambda _: Listing(items))
+    asked: list[bool] = []
+
+    def others_wait() -> bool:
+        asked.append(True)
+        return True
+
+    with pytest.raises(sync.MadeWay):
+        engine.run(run, lambda: True, others_wait)
+    assert asked  # only once it had waited MAKE_WAY_AFTER_S
+    assert len(calls) >= 4
+    made_way = _stored(case, run)
+    assert made_way.status == RunStatus.RUNNING  # still the source's run, to be resumed
+    assert store.known(case.kb.tenant_id, case.kb.kb_id, "share")["a.txt"].run_id == run.run_id
+    monkeypatch.setattr(ingestor, "submit", send)
+    resumed = engine.run(made_way, lambda: True)
+    assert (resumed.status, resumed.counts["created"]) == (RunStatus.SUCCEEDED, 2)
+
+
+def test_a_run_makes_way_only_for_another_tenants_run_that_no_runner_holds(case: Case) -> None:
+    def run_of(tenant_id: str) -> SyncRun:
+        return SyncRun(run_id=uuid.uuid4().hex, tenant_id=tenant_id, kb_id="kb", source_id="s")
+
+    mine, same, other = run_of(case.kb.tenant_id), run_of(case.kb.tenant_id), run_of("t-another")
+
+    class Listed(_Only):
+        def pending_runs(self) -> list[list[SyncRun]]:
+            return [listed]
+
+    store = cast(SourceStore, Listed(case.services.source_store, set()))
+    sync_runner = runner.SyncRunner(case.services.redis, ME, lambda: case.services, 600)
+    listed = [mine, same]
+    assert not sync_runner._others_wait(store, mine)
+    listed = [mine, other]
+    assert sync_runner._others_wait(store, mine)
+    assert leader.hold(case.services.redis, lease_key(other), "another-worker", 600)
+    try:
+        assert not sync_runner._others_wait(store, mine)  # another runner has it
+    finally:
+        case.services.redis.delete(lease_key(other))
+
+
 @dataclass
 class Changes(Listing):
     """An incremental listing (as git's): it names what changed, and items it does not name are
@@ -531,7 +624,9 @@ def _runner_over(
     `fail_too`, raises again when asked to end the run failed)."""
 
     class Faulty(SyncEngine):
-        def run(self, run: SyncRun, may_go_on: Callable[[], bool]) -> SyncRun:
+        def run(
+            self, run: SyncRun, may_go_on: Callable[[], bool], others_wait: Callable[[], bool] = bool
+        ) -> SyncRun:
             raise error
 
         def fail(self, run: SyncRun, error: Exception) -> SyncRun:

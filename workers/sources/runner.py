@@ -14,6 +14,7 @@ time, so two runners that both see a source due create one run.
 from __future__ import annotations
 
 import contextlib
+import functools
 import hashlib
 import logging
 import threading
@@ -27,11 +28,11 @@ from shared.errors import ErrorCode, RaglineError
 from shared.models import utcnow
 from shared.sources.models import Source, SyncRun
 from shared.sources.service import WAKE_KEY
-from shared.sources.store import SourceNotFound, source_key
+from shared.sources.store import SourceNotFound, SourceStore, source_key
 from shared.wiring import Services
 from workers import leader
 from workers.failures import is_outage
-from workers.sources.sync import Stopped, SyncEngine, faulted
+from workers.sources.sync import MadeWay, Stopped, SyncEngine, faulted
 from workers.sources.types import connector_for
 
 log = logging.getLogger(__name__)
@@ -183,6 +184,14 @@ class SyncRunner:
             log.exception("sync %s could not be ended; marked failed", run.run_id)
             engine.store.update_run(run.run_id, faulted)
 
+    def _others_wait(self, store: SourceStore, run: SyncRun) -> bool:
+        """Whether a run of another tenant waits for a runner: queued, or its runner gone."""
+        return any(
+            other.tenant_id != run.tenant_id and not self.client.exists(lease_key(other))
+            for runs in store.pending_runs()
+            for other in runs
+        )
+
     def run_pending(self) -> bool:
         """Claim one pending run and carry it out; False when there was none to claim."""
         services = self.context()
@@ -203,7 +212,13 @@ class SyncRunner:
 
                 engine = engine_of(services)
                 try:
-                    engine.run(current, lambda: keeper.alive and not self._stop.is_set())
+                    engine.run(
+                        current,
+                        lambda: keeper.alive and not self._stop.is_set(),
+                        functools.partial(self._others_wait, store, current),
+                    )
+                except MadeWay:
+                    log.info("sync %s made way for another tenant's run; it goes on later", run.run_id)
                 except Stopped:
                     log.info("sync %s stopped (cancelled, lease lost or worker stopping)", run.run_id)
                 except Exception as error:

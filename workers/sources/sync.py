@@ -32,6 +32,9 @@ log = logging.getLogger(__name__)
 
 FLUSH_ITEMS, FLUSH_EVERY_S = 200, 5.0
 CHECK_EVERY_S = 2.0  # how often the run asks whether it may go on (cancelled, lease lost)
+# A run whose tenant's queue stays full this long makes way for another tenant's run waiting for
+# a runner: one tenant that keeps its own queue full must not hold every runner from the others.
+MAKE_WAY_AFTER_S = 30.0
 _OUTCOMES = {
     Outcome.CREATED: ItemOutcome.CREATED,
     Outcome.UPDATED: ItemOutcome.UPDATED,
@@ -42,6 +45,19 @@ _ABSENT = (DocStatus.DELETED, DocStatus.DELETING)
 
 class Stopped(Exception):
     """The run may not go on: it was cancelled, or this worker lost its claim on the source."""
+
+
+class MadeWay(Stopped):
+    """The run stepped aside while its tenant's queue stayed full, for another tenant's run that
+    waited; it stays active, and resumed later it goes on from what it wrote down."""
+
+
+def _goes_on() -> None:
+    pass
+
+
+def _nobody_waits() -> bool:
+    return False
 
 
 def failure(key: str, error: RaglineError) -> ItemFailure:
@@ -67,6 +83,10 @@ class _Pass:
     claimed: dict[str, str] = field(default_factory=dict)
     pending: list[ItemState] = field(default_factory=list)
     flushed_at: float = field(default_factory=time.monotonic)
+    # Raises Stopped once the run may not go on (cancelled, lease lost): asked while it waits, too.
+    go_on: Callable[[], None] = _goes_on
+    # Whether another tenant's run waits for a runner (`MAKE_WAY_AFTER_S`).
+    others_wait: Callable[[], bool] = _nobody_waits
 
 
 class SyncEngine:
@@ -86,8 +106,11 @@ class SyncEngine:
         self.retry_after_s = retry_after_s
         self.max_items = max_items
 
-    def run(self, run: SyncRun, may_go_on: Callable[[], bool]) -> SyncRun:
-        """Carry `run` to its end (or until `may_go_on` says no, raising `Stopped`); an outage of
+    def run(
+        self, run: SyncRun, may_go_on: Callable[[], bool], others_wait: Callable[[], bool] = _nobody_waits
+    ) -> SyncRun:
+        """Carry `run` to its end (or until `may_go_on` says no, raising `Stopped`, or it makes way
+        for another tenant's run, as `others_wait` tells, raising `MadeWay`); an outage of
         OpenSearch or Redis propagates and leaves the run to be resumed."""
         with _stopped_if_missing(run):  # its record went with its source or its KB
             started = self.store.update_run(run.run_id, _started)
@@ -110,7 +133,7 @@ class SyncEngine:
             except RaglineError as error:
                 return self._end(source, started, RunStatus.FAILED, error=error)
             try:
-                return self._sync(source, started, connector, may_go_on)
+                return self._sync(source, started, connector, may_go_on, others_wait)
             finally:
                 connector.close()
 
@@ -150,7 +173,12 @@ class SyncEngine:
         return self._end(source, current, RunStatus.FAILED, error=fault)
 
     def _sync(
-        self, source: Source, run: SyncRun, connector: Connector, may_go_on: Callable[[], bool]
+        self,
+        source: Source,
+        run: SyncRun,
+        connector: Connector,
+        may_go_on: Callable[[], bool],
+        others_wait: Callable[[], bool],
     ) -> SyncRun:
         scope = (source.tenant_id, source.kb_id, source.source_id)
         state = _Pass(
@@ -161,6 +189,8 @@ class SyncEngine:
             present=self.registry.source_documents(*scope),
             retry_failed=run.retry_failed,
             retried=self._retried_before(run),
+            go_on=lambda: self._check(run, may_go_on),
+            others_wait=others_wait,
         )
         checked = time.monotonic()
         try:
@@ -326,6 +356,7 @@ class SyncEngine:
         source = state.source
         try:
             self._admitted(
+                state,
                 lambda: self.ingestor.reingest(
                     source.tenant_id, source.kb_id, item.doc_id, batch_id=state.run_id
                 )
@@ -336,15 +367,24 @@ class SyncEngine:
             return item.model_copy(update={"outcome": ItemOutcome.FAILED, "error": failure(item.key, error)})
         return item.model_copy(update={"outcome": ItemOutcome.UPDATED})
 
-    def _admitted(self, send: Callable[[], SubmitResult]) -> SubmitResult:
-        """`send()`, waiting as a client would while the tenant's queue is full (429)."""
+    def _admitted(self, state: _Pass, send: Callable[[], SubmitResult]) -> SubmitResult:
+        """`send()`, waiting as a client would while the tenant's queue is full (429), and asking
+        meanwhile whether the run may go on, or should make way for another tenant's."""
+        waited = 0.0
         while True:
             try:
                 return send()
             except RaglineError as error:
                 if error.code != ErrorCode.RATE_LIMITED:
                     raise
-                time.sleep(float(error.details.get("retry_after", self.retry_after_s)))
+                delay = float(error.details.get("retry_after", self.retry_after_s))
+            if waited >= MAKE_WAY_AFTER_S and state.others_wait():
+                raise MadeWay(state.run_id)
+            deadline = time.monotonic() + delay
+            while (left := deadline - time.monotonic()) > 0:
+                time.sleep(min(left, CHECK_EVERY_S))
+                state.go_on()
+            waited += delay
 
     def _document_failure(self, source: Source, doc_id: str) -> RaglineError | None:
         """Why the document failed, where it still has (None: a reingest has taken it on since)."""
@@ -371,6 +411,7 @@ class SyncEngine:
         """
         source = state.source
         result = self._admitted(
+            state,
             lambda: self.ingestor.submit(
                 source.tenant_id,
                 source.kb_id,
