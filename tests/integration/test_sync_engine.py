@@ -21,7 +21,7 @@ import pytest
 from shared.errors import ErrorCode, RaglineError, TransientError
 from shared.models import DocStatus, Document, ErrorInfo, KnowledgeBase
 from shared.registry import Registry
-from shared.sources.models import ItemState, RunStatus, Source, SyncRun, Trigger
+from shared.sources.models import ItemOutcome, ItemState, RunStatus, Source, SyncRun, Trigger
 from shared.sources.store import SourceStore
 from shared.wiring import Services
 from tests.integration.helpers import new_kb, share_source, wait_terminal
@@ -434,6 +434,36 @@ def test_a_run_held_by_its_full_queue_makes_way_for_another_tenants_then_goes_on
     monkeypatch.setattr(ingestor, "submit", send)
     resumed = engine.run(made_way, lambda: True)
     assert (resumed.status, resumed.counts["created"]) == (RunStatus.SUCCEEDED, 2)
+
+
+def test_an_incremental_retry_stopped_while_waiting_writes_down_what_it_retried(
+    case: Case, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Stopped among the items its listing did not name, a run wrote none of them down."""
+    kb, registry, ingestor = case.kb, case.services.registry, case.services.ingestor
+    names = ["a.txt", "b.txt"]
+    assert case.run(Listing([_item(name) for name in names])).counts["created"] == 2
+    wait_terminal(registry, kb, names)
+    for name in names:
+        case.fail(name)
+    reingest, calls = ingestor.reingest, []
+
+    def full_after_one(tenant_id: str, kb_id: str, doc_id: str, *, batch_id: str | None = None) -> object:
+        calls.append(doc_id)
+        if len(calls) > 1:
+            raise RaglineError("the queue is full", code=ErrorCode.RATE_LIMITED, details={"retry_after": 0.3})
+        return reingest(tenant_id, kb_id, doc_id, batch_id=batch_id)
+
+    monkeypatch.setattr(ingestor, "reingest", full_after_one)
+    run = case.queued(retry_failed=True)
+
+    def may_go_on() -> bool:
+        return len(calls) < 3  # stopped once it waited for the second document
+
+    with pytest.raises(Stopped):
+        case.engine(lambda _: Changes([])).run(run, may_go_on)
+    known = case.services.source_store.known(kb.tenant_id, kb.kb_id, "share")
+    assert (known[calls[0]].run_id, known[calls[0]].outcome) == (run.run_id, ItemOutcome.UPDATED)
 
 
 def test_a_run_makes_way_only_for_another_tenants_run_that_no_runner_holds(case: Case) -> None:

@@ -235,7 +235,11 @@ class SyncEngine:
         except RaglineError as error:  # the listing itself failed: delete nothing
             self._flush(state, run)
             return self._end(source, run, RunStatus.FAILED, error=error, listed=len(state.seen))
-        untouched, written = self._untouched(state, run) if connector.incremental else (0, 0)
+        try:
+            untouched, written = self._untouched(state, run) if connector.incremental else (0, 0)
+        except (OutageError, Stopped):
+            self._flush(state, run)  # what it retried before it stopped, written down
+            raise
         return self._end(
             source,
             run,
