@@ -127,7 +127,7 @@ class Remote:
         self.http = httpx.Client(base_url=server.rstrip("/"), headers=headers, timeout=timeout_s)
         self.throttled = 0
         self.sends_key = api_key is not None
-        self.key_origin = ""  # where a key the caller did not name came from, for an AUTH_ERROR
+        self.auth_hint = ""  # what an AUTH_ERROR adds: where the key came from, or where none was
         self.attempts = 8 if patient else 2
         self.patient = patient
         self.unreachable_hint = unreachable_hint

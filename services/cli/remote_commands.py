@@ -48,10 +48,28 @@ def _remote(server: str | None, api_key: str | None, *, patient: bool = False) -
     hint = "; start the local stack with `make up`" if local else "; check --server or RAGLINE_SERVER"
     key = default_key(settings, url, api_key)
     remote = Remote(url, key, patient=patient, unreachable_hint=hint)
-    if key is not None and not api_key and not os.environ.get("RAGLINE_API_KEY"):
-        # The development key: a stack started with another state dir wrote its key elsewhere.
-        remote.key_origin = f"the development key in {settings.state_dir / 'api-keys.json'}"
+    named = bool(api_key or os.environ.get("RAGLINE_API_KEY"))
+    keys = settings.state_dir / "api-keys.json"
+    remote.auth_hint = _auth_hint(keys, local, named=named, sent=key is not None)
     return remote
+
+
+def _auth_hint(keys: Path, local: bool, *, named: bool, sent: bool) -> str:
+    """What an AUTH_ERROR adds: where the key the caller did not name came from, or where none was.
+    A stack started with another state dir (another checkout's) wrote its key elsewhere."""
+    if named:
+        return ""
+    if sent:
+        return (
+            f" (sent the development key in {keys}; set RAGLINE_STATE_DIR to the running stack's "
+            "state dir, or pass --api-key)"
+        )
+    if local:
+        return (
+            f" (no key given, and no development key in {keys}: set RAGLINE_STATE_DIR to the running "
+            "stack's state dir, or pass --api-key or set RAGLINE_API_KEY)"
+        )
+    return " (pass --api-key or set RAGLINE_API_KEY; the local development key goes only to the local stack)"
 
 
 def _call(remote: Remote, method: str, path: str, **kwargs: Any) -> Any:
@@ -65,18 +83,9 @@ def _call(remote: Remote, method: str, path: str, **kwargs: Any) -> Any:
 
 
 def _explain(remote: Remote, error: ApiError) -> str:
-    """The one line a failed call prints; a refused request without a key says where keys come from."""
+    """The one line a failed call prints; a refused key says where it came from (`_auth_hint`)."""
     line = f"{error.code}: {error.message}"
-    if error.code == "AUTH_ERROR" and not remote.sends_key:
-        line += (
-            " (pass --api-key or set RAGLINE_API_KEY; the local development key goes only to the local stack)"
-        )
-    elif error.code == "AUTH_ERROR" and remote.key_origin:
-        line += (
-            f" (sent {remote.key_origin}; set RAGLINE_STATE_DIR to the running stack's state dir, "
-            "or pass --api-key)"
-        )
-    return line
+    return line + remote.auth_hint if error.code == "AUTH_ERROR" else line
 
 
 def _confirm(question: str, yes: bool) -> None:
