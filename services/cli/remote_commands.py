@@ -45,7 +45,11 @@ def _remote(server: str | None, api_key: str | None, *, patient: bool = False) -
         raise typer.Exit(2) from None
     url = server or default_server(settings)
     local = is_local_stack(url, settings)
-    hint = "; start the local stack with `make up`" if local else "; check --server or RAGLINE_SERVER"
+    hint = (
+        "; start the local stack with `make up` (for one on another port, set RAGLINE_API__PORT)"
+        if local
+        else "; check --server or RAGLINE_SERVER"
+    )
     key = default_key(settings, url, api_key)
     remote = Remote(url, key, patient=patient, unreachable_hint=hint)
     named = bool(api_key or os.environ.get("RAGLINE_API_KEY"))

@@ -8,7 +8,10 @@ from opensearchpy.exceptions import ConnectionTimeout
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeout
 
-HOW_TO_START = "locally, start the stack with `make up`"
+HOW_TO_START = (
+    "locally, start the stack with `make up`; for a stack on other ports, "
+    "set RAGLINE_OPENSEARCH__URL and RAGLINE_REDIS__URL"
+)
 
 
 def unreachable(error: BaseException) -> str | None:

@@ -51,6 +51,7 @@ def test_the_local_stack_down_says_how_to_start_it() -> None:
     (line,) = result.stderr.strip().splitlines()
     assert "UNAVAILABLE" in line
     assert "make up" in line
+    assert "RAGLINE_API__PORT" in line  # a stack on moved ports is not reached on the default one
 
 
 def test_a_bulk_load_keeps_retrying_and_says_so(tmp_path: Path) -> None:
@@ -100,11 +101,13 @@ async def test_mcp_over_stdio_starts_and_answers_unavailable(tmp_path: Path) -> 
     for tool, text in answers.items():
         assert text.startswith("UNAVAILABLE: OpenSearch is unreachable"), (tool, text)
         assert "make up" in text
+        assert "RAGLINE_OPENSEARCH__URL" in text
     stderr = errors.read_text()
     assert "Traceback" not in stderr
     said = [line for line in stderr.splitlines() if "unreachable" in line]
     assert said == [
         f"ragline mcp: OpenSearch ({NOWHERE}) unreachable; serving anyway, the tools that need it answer "
-        "UNAVAILABLE until it is up (locally, start the stack with `make up`)"
+        "UNAVAILABLE until it is up (locally, start the stack with `make up`; for a stack on other "
+        "ports, set RAGLINE_OPENSEARCH__URL and RAGLINE_REDIS__URL)"
     ], stderr[-2000:]
     print(f"mcp stdio: stderr {len(stderr.splitlines())} lines; a tool call: {answers['search']}")
