@@ -130,9 +130,10 @@ def _poll(remote: Remote, report: LoadReport) -> bool:
         batch = remote.get(api_path("batches", report.batch_id))
     except ApiError as error:
         if error.code == "NOT_FOUND":
-            # Either nothing of this run was new, or the registry has not shown the batch yet
-            # (it refreshes about once a second): only the former means done.
-            return report.uploaded == report.scanned == report.outcomes.get("unchanged", 0)
+            # Either nothing of this run joined it (each upload unchanged or refused), or the
+            # registry has not shown the batch yet (it refreshes about once a second): only the
+            # former means done.
+            return report.uploaded == report.outcomes.get("unchanged", 0)
         raise
     report.statuses = Counter(batch["counts"])
     report.failed = batch["failures"]

@@ -36,6 +36,15 @@ def test_a_run_of_unchanged_files_has_no_batch_and_is_done() -> None:
     assert _poll(_NoBatchYet(), report)
 
 
+def test_a_run_whose_every_upload_was_refused_has_no_batch_and_is_done() -> None:
+    """Every file refused (an API that could not store them): the load waited for its batch
+    forever, printing its progress every few seconds."""
+    report = LoadReport(batch_id="b", scanned=3, uploaded=1, outcomes=Counter(unchanged=1, rejected=2))
+    assert _poll(_NoBatchYet(), report)
+    refused = LoadReport(batch_id="b", scanned=3, uploaded=0, outcomes=Counter(rejected=3))
+    assert _poll(_NoBatchYet(), refused)
+
+
 class _Server(Remote):
     """An API that accepts every upload into one batch, which the registry shows at once (less
     `hidden` documents of it: replaced meanwhile by an upload outside this run)."""
