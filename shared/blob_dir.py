@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import json
+import logging
 import os
 import tempfile
 import time
@@ -19,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from shared.blobs import (
+    IDENTITY_MAX_CHARS,
     IDENTITY_NAME,
     LOCK_WAIT_S,
     BlobStore,
@@ -29,6 +31,8 @@ from shared.blobs import (
     spool,
 )
 from shared.errors import OutageError, TransientError
+
+log = logging.getLogger(__name__)
 
 _LOCK_POLL_S = 0.01
 
@@ -42,15 +46,27 @@ class DirBlobStore(BlobStore):
         self._artifacts = root / "artifacts"
         self._tmp = root / "tmp"
         self._locks = root / "locks"
+        self._make_directories()
+
+    def _make_directories(self) -> None:
         for directory in (self._blobs, self._artifacts, self._tmp, self._locks):
             directory.mkdir(parents=True, exist_ok=True)
+
+    def _temp_file(self) -> tuple[int, str]:
+        """A new file to write whole, then rename into place; a store whose directory was deleted
+        under the running processes is laid out again, not failed on until they restart."""
+        try:
+            return tempfile.mkstemp(dir=self._tmp)
+        except FileNotFoundError:
+            self._make_directories()
+            return tempfile.mkstemp(dir=self._tmp)
 
     def path_of(self, sha256: str) -> Path:
         checked_digest(sha256)
         return self._blobs / sha256[:2] / sha256[2:4] / sha256
 
     def put(self, data: bytes | Iterable[bytes], *, max_bytes: int | None = None) -> StoredBlob:
-        fd, tmp_name = tempfile.mkstemp(dir=self._tmp)
+        fd, tmp_name = self._temp_file()
         tmp = Path(tmp_name)
         try:
             with os.fdopen(fd, "wb") as out:
@@ -87,7 +103,7 @@ class DirBlobStore(BlobStore):
         path = self.root / IDENTITY_NAME
         try:
             if not path.is_file():
-                fd, tmp_name = tempfile.mkstemp(dir=self._tmp)
+                fd, tmp_name = self._temp_file()
                 try:
                     with os.fdopen(fd, "w", encoding="ascii") as out:
                         out.write(new_identity())
@@ -95,9 +111,12 @@ class DirBlobStore(BlobStore):
                         os.link(tmp_name, path)
                 finally:
                     Path(tmp_name).unlink(missing_ok=True)
-            return path.read_text(encoding="ascii").strip()
+            with path.open(encoding="ascii", errors="replace") as written:
+                return written.read(IDENTITY_MAX_CHARS).strip()
         except OSError as error:
-            raise OutageError(f"the blob store's id in {self.root} cannot be read ({error})") from error
+            # Its path is for the operator's log: the message reaches the request that met it.
+            log.error("the blob store's id in %s cannot be read: %s", self.root, error)
+            raise OutageError("the blob store's id cannot be read") from error
 
     def check(self) -> None:
         if not os.access(self._blobs, os.W_OK | os.X_OK):
@@ -107,7 +126,12 @@ class DirBlobStore(BlobStore):
     def _stripe_lock(self, stripe: str, *, exclusive: bool) -> Iterator[None]:
         """flock on the stripe's lock file; closing the file releases it."""
         mode = fcntl.LOCK_EX if exclusive else fcntl.LOCK_SH
-        fd = os.open(self._locks / f"{stripe}.lock", os.O_RDWR | os.O_CREAT, 0o600)
+        lock = self._locks / f"{stripe}.lock"
+        try:
+            fd = os.open(lock, os.O_RDWR | os.O_CREAT, 0o600)
+        except FileNotFoundError:
+            self._make_directories()  # deleted under the running processes (see `_temp_file`)
+            fd = os.open(lock, os.O_RDWR | os.O_CREAT, 0o600)
         try:
             deadline = time.monotonic() + LOCK_WAIT_S
             while True:
@@ -133,7 +157,7 @@ class DirBlobStore(BlobStore):
     def put_artifact(self, key: str, value: Any) -> None:
         path = self._artifact_path(key)
         path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp_name = tempfile.mkstemp(dir=self._tmp)
+        fd, tmp_name = self._temp_file()
         try:
             with os.fdopen(fd, "w", encoding="utf-8") as out:
                 # json.dumps, not json.dump: only the one-shot call uses the C encoder, and every

@@ -25,6 +25,7 @@ from botocore.exceptions import ClientError
 
 from shared import s3
 from shared.blobs import (
+    IDENTITY_MAX_CHARS,
     IDENTITY_NAME,
     LOCK_WAIT_S,
     BlobStore,
@@ -95,9 +96,13 @@ class S3BlobStore(BlobStore):
     def identity(self) -> str:
         key = f"{self.prefix}{IDENTITY_NAME}"
         with contextlib.suppress(FileNotFoundError):
-            return s3.read_object(self._client(), self.bucket, key, self._where).decode("ascii").strip()
+            return self._read_identity(key)
         self._create_identity(key)
-        return s3.read_object(self._client(), self.bucket, key, self._where).decode("ascii").strip()
+        return self._read_identity(key)
+
+    def _read_identity(self, key: str) -> str:
+        found = s3.read_object(self._client(), self.bucket, key, self._where, limit=IDENTITY_MAX_CHARS)
+        return found[:IDENTITY_MAX_CHARS].decode("ascii", "replace").strip()
 
     def _create_identity(self, key: str) -> None:
         """Written only if absent; a store without conditional writes takes a plain one, so two

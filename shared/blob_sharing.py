@@ -19,7 +19,7 @@ import time
 
 import redis
 
-from shared.blobs import BlobStore
+from shared.blobs import IDENTITY_MAX_CHARS, BlobStore
 from shared.errors import ErrorCode, RaglineError
 
 log = logging.getLogger(__name__)
@@ -27,6 +27,7 @@ log = logging.getLogger(__name__)
 STORES_KEY = "ragline:worker-blob-stores"  # worker name -> {"store": id, "at": epoch seconds}
 # How long a front trusts its last answer: a check per upload would cost two reads each.
 FRESH_S = 5.0
+MAX_ANNOUNCEMENT_BYTES = 256
 
 
 def announce(client: redis.Redis, worker: str, store_id: str) -> None:
@@ -39,14 +40,17 @@ def forget(client: redis.Redis, *workers: str) -> None:
 
 
 def live_stores(client: redis.Redis, silent_s: float) -> set[str]:
-    """The stores that workers heard from within `silent_s` read."""
+    """The stores that workers heard from within `silent_s` read (give or take as much of clock
+    skew between hosts: an announcement from further ahead would never age out)."""
     raw = client.hgetall(STORES_KEY)
     now, stores = time.time(), set()
     for value in (raw if isinstance(raw, dict) else {}).values():
+        if len(value) > MAX_ANNOUNCEMENT_BYTES:
+            continue  # no announcement is this long
         try:
             entry = json.loads(value)
-            if now - float(entry["at"]) <= silent_s:
-                stores.add(str(entry["store"]))
+            if abs(now - float(entry["at"])) <= silent_s:
+                stores.add(str(entry["store"])[:IDENTITY_MAX_CHARS])
         except (ValueError, TypeError, KeyError):
             continue  # not an announcement of this version: nothing to compare
     return stores
@@ -97,6 +101,6 @@ class SharedBlobs:
             "are refused until this process runs with the workers' RAGLINE_STATE_DIR or RAGLINE_BLOBS__URL",
             self.blobs.location,
             mine,
-            ", ".join(sorted(stores)),
+            ", ".join(sorted(stores)[:5]) + (f" and {len(stores) - 5} more" if len(stores) > 5 else ""),
         )
         return False

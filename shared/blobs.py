@@ -33,6 +33,7 @@ from shared.models import PIPELINE, Document
 LOCK_WAIT_S = 30.0
 # The object (or file) that names a store (`BlobStore.identity`), beside its blobs and artifacts.
 IDENTITY_NAME = "store-id"
+IDENTITY_MAX_CHARS = 64  # what of it is read: an id is 32, and whatever else is there is not one
 
 
 @dataclass(frozen=True)

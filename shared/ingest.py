@@ -358,7 +358,6 @@ class Ingestor:
         It is admitted like an upload of the same size (shared/admission.py).
         """
         found = self.registry.require_doc(tenant_id, kb_id, doc_id)
-        self.shared_blobs.check()
         admission = self.admitter.admit(tenant_id, None, [found.doc.file_size])
         try:
             return self._reingest(tenant_id, kb_id, doc_id, admission, batch_id)

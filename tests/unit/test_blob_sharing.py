@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import shutil
 import threading
 import time
 from pathlib import Path
@@ -13,7 +14,7 @@ import redis
 from shared import blob_sharing
 from shared.blob_dir import DirBlobStore
 from shared.blob_sharing import SharedBlobs
-from shared.errors import ErrorCode, RaglineError
+from shared.errors import ErrorCode, OutageError, RaglineError
 
 
 class Stores:
@@ -113,3 +114,49 @@ def test_redis_down_is_left_to_the_request_and_not_remembered(tmp_path: Path) ->
     stores.down = False
     with pytest.raises(RaglineError):
         check.check()
+
+
+def test_a_stores_id_file_replaced_by_anything_is_read_as_a_short_string(tmp_path: Path) -> None:
+    store = DirBlobStore(tmp_path / "stack")
+    (tmp_path / "stack" / "store-id").write_bytes(b"\xff\xfe" + b"x" * 10_000_000)
+    found = store.identity()
+    assert len(found) <= 64
+    assert found == DirBlobStore(tmp_path / "stack").identity()
+
+
+def test_a_store_whose_directory_was_deleted_under_it_is_laid_out_again(tmp_path: Path) -> None:
+    """`rm -rf` of the blob store under a running stack: every upload failed until a restart,
+    with a message that named the server's paths."""
+    store = DirBlobStore(tmp_path / "stack")
+    before = store.identity()
+    shutil.rmtree(tmp_path / "stack")
+    assert store.identity() != before  # a store begun anew
+    shutil.rmtree(tmp_path / "stack")
+    blob = store.put(b"A note.")
+    with store.pinned(blob.sha256):
+        assert store.read(blob.sha256) == b"A note."
+    shutil.rmtree(tmp_path / "stack")
+    store.put_artifact("doc@1:parse", {"text": "A note."})
+    assert store.get_artifact("doc@1:parse") == {"text": "A note."}
+
+
+def test_an_id_that_cannot_be_read_is_an_outage_whose_message_names_no_path(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    store = DirBlobStore(tmp_path / "stack")
+    (tmp_path / "stack" / "store-id").mkdir()
+    with pytest.raises(OutageError) as failed:
+        store.identity()
+    assert str(tmp_path) not in failed.value.message
+    assert str(tmp_path) in caplog.text
+
+
+def test_what_is_no_announcement_is_passed_over(tmp_path: Path) -> None:
+    """Deeply nested JSON (a RecursionError: every upload of every front a 500), an entry from far
+    ahead (it never aged out), an id of megabytes (logged whole every few seconds)."""
+    stores = Stores()
+    stores.hash["nested"] = "[" * 200_000 + "]" * 200_000
+    stores.hash["ahead"] = json.dumps({"store": "another", "at": time.time() + 1e9})
+    stores.hash["huge"] = json.dumps({"store": "y" * 20_000_000, "at": time.time()})
+    assert blob_sharing.live_stores(stores, silent_s=60) == set()  # type: ignore[arg-type]
+    _check(DirBlobStore(tmp_path / "elsewhere"), stores).check()
