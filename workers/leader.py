@@ -46,6 +46,13 @@ def dead_here(holder: str) -> bool:
     return False
 
 
+def held(client: redis.Redis, key: str) -> bool:
+    """Whether a live process holds the lease `key` (one that died on this host holds nothing)."""
+    raw = client.get(key)
+    holder = raw.decode() if isinstance(raw, bytes) else None
+    return holder is not None and not dead_here(holder)
+
+
 def hold(client: redis.Redis, key: str, me: str, ttl_s: int) -> bool:
     """Take or keep the lease `key`; True while this process holds it.
 

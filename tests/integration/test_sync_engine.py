@@ -14,7 +14,7 @@ from collections.abc import Callable, Iterator, Mapping
 from collections.abc import Set as AbstractSet
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, replace
-from typing import cast
+from typing import Any, cast
 
 import pytest
 
@@ -466,6 +466,28 @@ def test_an_incremental_retry_stopped_while_waiting_writes_down_what_it_retried(
     assert (known[calls[0]].run_id, known[calls[0]].outcome) == (run.run_id, ItemOutcome.UPDATED)
 
 
+def test_the_waits_of_a_whole_run_count_toward_making_way(
+    case: Case, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A queue that made room for one document every few seconds kept no document waiting long,
+    and the run never made way: another tenant's run waited until it had ended (113 s)."""
+    monkeypatch.setattr(sync, "MAKE_WAY_AFTER_S", 1.0)
+    ingestor = case.services.ingestor
+    send, calls = ingestor.submit, []
+
+    def room_every_other_call(*args: Any, **kwargs: Any) -> object:
+        calls.append("submit")
+        if len(calls) % 2 == 0:
+            raise RaglineError("the queue is full", code=ErrorCode.RATE_LIMITED, details={"retry_after": 0.3})
+        return send(*args, **kwargs)
+
+    monkeypatch.setattr(ingestor, "submit", room_every_other_call)
+    engine = case.engine(lambda _: Listing([_item(f"{n}.txt") for n in range(8)]))
+    with pytest.raises(sync.MadeWay):
+        engine.run(case.queued(), lambda: True, lambda: True)
+    assert 4 < len(calls) < 16  # it waited once per document, and made way before the last
+
+
 def test_a_run_makes_way_only_for_another_tenants_run_that_no_runner_holds(case: Case) -> None:
     def run_of(tenant_id: str) -> SyncRun:
         return SyncRun(run_id=uuid.uuid4().hex, tenant_id=tenant_id, kb_id="kb", source_id="s")
@@ -722,3 +744,43 @@ def test_a_run_that_cannot_even_be_ended_is_marked_failed(
     ended = _stored(case, run)
     assert ended.status == RunStatus.FAILED
     assert not sync_runner.run_pending()
+
+
+def test_a_run_that_made_way_is_taken_after_the_others_next_time(
+    case: Case, services: Services, registry: Registry, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The fair order's turn came round to the tenant that had just made way every other round,
+    and the other tenant's run waited another MAKE_WAY_AFTER_S."""
+    other_kb = new_kb(registry)
+    other = share_source(other_kb)
+    services.source_store.create(other)
+    theirs = SyncRun(run_id=uuid.uuid4().hex, tenant_id=other_kb.tenant_id, kb_id="kb", source_id="share")
+    services.source_store.create_run(theirs)
+    assert leader.hold(services.redis, lease_key(theirs), ME, 600)  # the stack's runner leaves it
+    mine = case.queued()
+    ran: list[str] = []
+
+    class MakesWay(SyncEngine):
+        def run(
+            self, run: SyncRun, may_go_on: Callable[[], bool], others_wait: Callable[[], bool] = bool
+        ) -> SyncRun:
+            ran.append(run.run_id)
+            raise sync.MadeWay(run.run_id)
+
+    def makes_way(services: Services) -> SyncEngine:
+        return MakesWay(
+            services.source_store, services.registry, services.ingestor, lambda _: Listing([]), 1.0, 9
+        )
+
+    monkeypatch.setattr(runner, "engine_of", makes_way)
+    monkeypatch.setattr(runner, "fair_order", lambda _, __: [mine, theirs])  # its tenant's turn, twice
+    store = cast(SourceStore, _Only(services.source_store, {mine.run_id, theirs.run_id}))
+    sync_runner = runner.SyncRunner(services.redis, ME, lambda: replace(services, source_store=store), 600)
+    try:
+        assert sync_runner.run_pending()
+        assert sync_runner.run_pending()
+        assert ran == [mine.run_id, theirs.run_id]
+    finally:
+        services.sources.cancel(theirs)
+        services.source_store.drop_kb(other_kb.tenant_id, other_kb.kb_id)
+        services.redis.delete(lease_key(theirs))

@@ -18,6 +18,7 @@ import functools
 import hashlib
 import logging
 import threading
+import time
 from collections.abc import Callable
 from datetime import datetime
 
@@ -32,7 +33,7 @@ from shared.sources.store import SourceNotFound, SourceStore, source_key
 from shared.wiring import Services
 from workers import leader
 from workers.failures import is_outage
-from workers.sources.sync import MadeWay, Stopped, SyncEngine, faulted
+from workers.sources.sync import MAKE_WAY_AFTER_S, MadeWay, Stopped, SyncEngine, faulted
 from workers.sources.types import connector_for
 
 log = logging.getLogger(__name__)
@@ -117,6 +118,7 @@ class SyncRunner:
         self.client, self.me, self.context, self.lease_s = client, me, context, lease_s
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, name="ragline-sync-runner", daemon=True)
+        self._made_way: dict[str, float] = {}  # run id -> when it made way (monotonic)
 
     def start(self) -> None:
         self._thread.start()
@@ -184,10 +186,18 @@ class SyncRunner:
             log.exception("sync %s could not be ended; marked failed", run.run_id)
             engine.store.update_run(run.run_id, faulted)
 
+    def _after_those_that_made_way(self, runs: list[SyncRun]) -> list[SyncRun]:
+        """`runs`, those that just made way for others last: taken first again (the fair order's
+        turn comes round to their tenant every other round of two), they made the others wait
+        another MAKE_WAY_AFTER_S."""
+        now = time.monotonic()
+        self._made_way = {run_id: at for run_id, at in self._made_way.items() if now - at < MAKE_WAY_AFTER_S}
+        return sorted(runs, key=lambda run: run.run_id in self._made_way)
+
     def _others_wait(self, store: SourceStore, run: SyncRun) -> bool:
         """Whether a run of another tenant waits for a runner: queued, or its runner gone."""
         return any(
-            other.tenant_id != run.tenant_id and not self.client.exists(lease_key(other))
+            other.tenant_id != run.tenant_id and not leader.held(self.client, lease_key(other))
             for runs in store.pending_runs()
             for other in runs
         )
@@ -197,7 +207,7 @@ class SyncRunner:
         services = self.context()
         store = services.source_store
         turn = int(self.client.incr(TURN_KEY))
-        for run in fair_order(store.pending_runs(), turn):
+        for run in self._after_those_that_made_way(fair_order(store.pending_runs(), turn)):
             key = lease_key(run)
             if not leader.hold(self.client, key, self.me, self.lease_s):
                 continue
@@ -218,6 +228,7 @@ class SyncRunner:
                         functools.partial(self._others_wait, store, current),
                     )
                 except MadeWay:
+                    self._made_way[run.run_id] = time.monotonic()
                     log.info("sync %s made way for another tenant's run; it goes on later", run.run_id)
                 except Stopped:
                     log.info("sync %s stopped (cancelled, lease lost or worker stopping)", run.run_id)

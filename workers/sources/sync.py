@@ -87,6 +87,7 @@ class _Pass:
     go_on: Callable[[], None] = _goes_on
     # Whether another tenant's run waits for a runner (`MAKE_WAY_AFTER_S`).
     others_wait: Callable[[], bool] = _nobody_waits
+    throttled_s: float = 0.0  # how long this pass waited for room in its tenant's queue, in all
 
 
 class SyncEngine:
@@ -363,7 +364,7 @@ class SyncEngine:
                 state,
                 lambda: self.ingestor.reingest(
                     source.tenant_id, source.kb_id, item.doc_id, batch_id=state.run_id
-                )
+                ),
             )
         except OutageError:
             raise
@@ -374,7 +375,6 @@ class SyncEngine:
     def _admitted(self, state: _Pass, send: Callable[[], SubmitResult]) -> SubmitResult:
         """`send()`, waiting as a client would while the tenant's queue is full (429), and asking
         meanwhile whether the run may go on, or should make way for another tenant's."""
-        waited = 0.0
         while True:
             try:
                 return send()
@@ -382,13 +382,15 @@ class SyncEngine:
                 if error.code != ErrorCode.RATE_LIMITED:
                     raise
                 delay = float(error.details.get("retry_after", self.retry_after_s))
-            if waited >= MAKE_WAY_AFTER_S and state.others_wait():
+            # The waits of the whole pass count: a queue that makes room for one document every
+            # few seconds never keeps one document waiting long, yet holds the runner all along.
+            if state.throttled_s >= MAKE_WAY_AFTER_S and state.others_wait():
                 raise MadeWay(state.run_id)
             deadline = time.monotonic() + delay
             while (left := deadline - time.monotonic()) > 0:
                 time.sleep(min(left, CHECK_EVERY_S))
                 state.go_on()
-            waited += delay
+            state.throttled_s += delay
 
     def _document_failure(self, source: Source, doc_id: str) -> RaglineError | None:
         """Why the document failed, where it still has (None: a reingest has taken it on since)."""
@@ -426,7 +428,7 @@ class SyncEngine:
                 source_uri=entry.uri,
                 source_id=source.source_id,
                 batch_id=state.run_id,
-            )
+            ),
         )
         if result.outcome == Outcome.UNCHANGED:
             current = self.registry.get_doc(source.tenant_id, source.kb_id, doc_id)
