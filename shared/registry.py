@@ -418,6 +418,25 @@ class Registry:
                 return found
             after = hits[-1]["sort"]
 
+    def detach_source(self, tenant_id: str, kb_id: str, source_id: str) -> None:
+        """The documents of a source forgotten with its documents kept become uploads: an upload
+        may replace them, and no source added again under that id owns them (its removal deleted
+        them). A task of the cluster, left to finish on its own, so a source of any size answers
+        at once: a record written meanwhile (a stage of its pipeline) keeps its source id, and
+        that stage, meeting this write, is run again after its lease."""
+        query = {
+            "bool": {
+                "filter": [*_kb_scope(tenant_id, kb_id)["bool"]["filter"], {"term": {"source_id": source_id}}]
+            }
+        }
+        self.client.update_by_query(
+            index=self.docs,
+            body={"query": query, "script": {"source": "ctx._source.source_id = null", "lang": "painless"}},
+            conflicts="proceed",
+            refresh=True,
+            wait_for_completion=False,
+        )
+
     def settled_since(self, tenant_id: str, kb_id: str, since: datetime) -> Iterator[dict[str, Any]]:
         """The KB's records updated since `since` that are ready, failed or deleted, page by page
         in doc_id order (what a reembed sweeps)."""

@@ -321,6 +321,7 @@ class Sources:
             self.store.drop_items(*scope)
             self.store.delete(*scope)
             self.store.drop_runs(*scope)  # after the source: see `_fence`
+            self.registry.detach_source(*scope)
             return None
         if not source.deleting:
             self.store.update(*scope, lambda s: s.model_copy(update={"deleting": True, "next_run_at": None}))

@@ -164,6 +164,29 @@ def test_removing_a_source_deletes_its_documents_unless_kept(server: Server, fol
             time.sleep(0.3)
         assert set(documents(client, kb)) == {"k/a.txt", "k/b.txt"}
         assert client.get(f"/v1/kbs/{kb}/sources").json()["sources"] == []
+        # Kept, they are uploads: they named the forgotten source, an upload over one was refused
+        # CONFLICT, and a source added again under its id took them, and deleted them with it.
+        deadline = time.monotonic() + 120
+        while any(d.get("source_id") for d in documents(client, kb).values()):
+            assert time.monotonic() < deadline, documents(client, kb)
+            time.sleep(0.3)
+        replaced = client.post(
+            f"/v1/kbs/{kb}/documents", json={"content": "Terns rest.", "doc_id": "k/b.txt"}
+        )
+        assert replaced.status_code == 202, replaced.text
+        assert replaced.json()["documents"][0]["outcome"] == "updated"
+        empty = folder / "empty"
+        empty.mkdir()
+        add(
+            client,
+            kb,
+            {"type": "folder", "source_id": "kept", "doc_id_prefix": "k/", "settings": {"path": str(empty)}},
+        )
+        assert client.delete(f"/v1/kbs/{kb}/sources/kept").status_code == 202
+        while client.get(f"/v1/kbs/{kb}/sources/kept").status_code != 404:
+            assert time.monotonic() < deadline, "the removal did not finish"
+            time.sleep(0.3)
+        assert set(documents(client, kb)) == {"k/a.txt", "k/b.txt"}
 
 
 @pytest.mark.parametrize(
