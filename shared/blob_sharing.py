@@ -27,6 +27,7 @@ log = logging.getLogger(__name__)
 STORES_KEY = "ragline:worker-blob-stores"  # worker name -> {"store": id, "at": epoch seconds}
 # How long a front trusts its last answer: a check per upload would cost two reads each.
 FRESH_S = 5.0
+UNKNOWN_FRESH_S = 1.0
 MAX_ANNOUNCEMENT_BYTES = 256
 
 
@@ -61,23 +62,33 @@ class NotTheWorkersStore(RaglineError):
 
 
 class SharedBlobs:
-    """A front's check that its blob store is its workers'; the answer holds for FRESH_S."""
+    """A front's check that its blob store is its workers'. One caller asks at a time, with no
+    lock held while it does: the others go by the last answer meanwhile (the first ones by none),
+    so a slow Redis or store holds one upload, not every upload in turn."""
 
     def __init__(self, blobs: BlobStore, client: redis.Redis, silent_s: float) -> None:
         self.blobs = blobs
         self.client = client
         self.silent_s = silent_s
         self._lock = threading.Lock()
-        self._answer: tuple[float, bool | None] = (0.0, None)
+        self._answer: tuple[float, bool | None] = (0.0, None)  # (good until, shared)
+        self._asking = False
 
     def check(self) -> None:
         """Raise NotTheWorkersStore when the live workers read other stores than this front's."""
         with self._lock:
             until, shared = self._answer
-            if time.monotonic() >= until:
+            ask = time.monotonic() >= until and not self._asking
+            self._asking = self._asking or ask
+        if ask:
+            try:
                 shared = self._shared()
-                if shared is not None:
-                    self._answer = (time.monotonic() + FRESH_S, shared)
+            finally:
+                with self._lock:
+                    self._asking = False
+                    # No answer (Redis or the store away) is asked again soon, not at each upload.
+                    fresh = FRESH_S if shared is not None else UNKNOWN_FRESH_S
+                    self._answer = (time.monotonic() + fresh, shared)
         if shared is False:
             raise NotTheWorkersStore(
                 "this server keeps uploaded bytes in a blob store that none of the running workers "
@@ -86,14 +97,16 @@ class SharedBlobs:
             )
 
     def _shared(self) -> bool | None:
-        """None: unknown, as Redis did not answer (the request meets that outage in its own words)."""
+        """None: unknown, as Redis or the store did not answer (the request meets that outage in
+        its own words, or the upload goes through to wait for a worker as before)."""
         try:
             stores = live_stores(self.client, self.silent_s)
-        except redis.RedisError:
+            if not stores:
+                return True
+            mine = self.blobs.identity()
+        except Exception:  # whatever the store or Redis raised: this check's answer is unknown
+            log.warning("could not compare the blob store with the workers'", exc_info=True)
             return None
-        if not stores:
-            return True
-        mine = self.blobs.identity()
         if mine in stores:
             return True
         log.error(

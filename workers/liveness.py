@@ -16,7 +16,6 @@ from collections.abc import Callable
 import redis
 
 from shared import blob_sharing
-from shared.errors import RaglineError
 
 log = logging.getLogger(__name__)
 
@@ -43,8 +42,10 @@ class Heartbeat:
     """One worker's beat. A beat that landed after `leave` would register the stopped worker again,
     and its silence would then read as a death: beat and leave share a lock, and none follows a leave.
 
-    Each beat also announces the id of the blob store the worker reads (`store_id`, when given),
-    against which the fronts check theirs (shared/blob_sharing.py).
+    The worker also announces the id of the blob store it reads (`store_id`, when given), against
+    which the fronts check theirs (shared/blob_sharing.py), from a thread of its own: a store slow
+    to answer (S3 retries a read for a minute and more) must not hold the beat, or the worker would
+    look dead and its documents be sent again.
     """
 
     def __init__(
@@ -62,23 +63,18 @@ class Heartbeat:
         self._left = threading.Event()
 
     def beat(self) -> None:
-        store = self._store()
         with self._lock:
             if not self._left.is_set():
                 self.client.hset(WORKERS_KEY, self.me, str(time.time()))
-                if store is not None:
-                    blob_sharing.announce(self.client, self.me, store)
 
-    def _store(self) -> str | None:
-        """The store's id, read again each beat (a store emptied and begun again has a new one);
-        None while the store cannot say, which its own failures report."""
+    def announce(self) -> None:
+        """The store's id, read again each time (a store emptied and begun again has a new one)."""
         if self.store_id is None:
-            return None
-        try:
-            return self.store_id()
-        except (RaglineError, OSError):
-            log.warning("the blob store's id could not be read; not announced this beat", exc_info=True)
-            return None
+            return
+        store = self.store_id()
+        with self._lock:
+            if not self._left.is_set():
+                blob_sharing.announce(self.client, self.me, store)
 
     def leave(self) -> None:
         """A clean shutdown: the worker's reserved tasks went back to the queue, nothing to recover."""
@@ -88,12 +84,18 @@ class Heartbeat:
             blob_sharing.forget(self.client, self.me)
 
     def start(self) -> None:
-        threading.Thread(target=self._run, name="ragline-liveness", daemon=True).start()
+        threading.Thread(target=self._every, args=(self.beat,), name="ragline-liveness", daemon=True).start()
+        if self.store_id is not None:
+            threading.Thread(
+                target=self._every, args=(self.announce,), name="ragline-blob-store", daemon=True
+            ).start()
 
-    def _run(self) -> None:
+    def _every(self, act: Callable[[], None]) -> None:
+        """`act` each interval until the worker leaves; a failure is logged and tried again, never
+        the end of the thread (a worker whose beat stopped would read as dead)."""
         while not self._left.is_set():
             try:
-                self.beat()
-            except redis.RedisError:
-                log.warning("worker heartbeat failed; retrying", exc_info=True)
+                act()
+            except Exception:  # Redis or the store away, or anything else: retried
+                log.warning("worker %s failed; retrying", act.__name__, exc_info=True)
             self._left.wait(self.interval_s)

@@ -105,15 +105,56 @@ def test_the_answer_is_kept_a_while_then_asked_again(tmp_path: Path) -> None:
     assert stores.reads == 2
 
 
-def test_redis_down_is_left_to_the_request_and_not_remembered(tmp_path: Path) -> None:
+def test_redis_down_is_left_to_the_request_and_asked_again_soon(tmp_path: Path) -> None:
     blobs, stores = DirBlobStore(tmp_path / "stack"), Stores()
     blob_sharing.announce(stores, "host:1", "another")  # type: ignore[arg-type]
     check = _check(blobs, stores)
     stores.down = True
     check.check()
     stores.down = False
+    check.check()  # within UNKNOWN_FRESH_S: not asked again at each upload
+    assert stores.reads == 0
+    check._answer = (0.0, None)  # its time is up
     with pytest.raises(RaglineError):
         check.check()
+
+
+def test_a_slow_answer_holds_one_upload_not_every_upload_in_turn(tmp_path: Path) -> None:
+    """The check held its lock while it asked: eight uploads behind a slow Redis were answered one
+    after another, the last after eight of its timeouts."""
+    blobs, stores = DirBlobStore(tmp_path / "stack"), Stores()
+    blob_sharing.announce(stores, "host:1", blobs.identity())  # type: ignore[arg-type]
+    release = threading.Event()
+    asked: list[float] = []
+
+    class Slow(Stores):
+        def hgetall(self, key: str) -> dict[str, str]:
+            asked.append(time.monotonic())
+            release.wait(10)
+            return super().hgetall(key)
+
+    slow = Slow()
+    slow.hash = stores.hash
+    check = _check(blobs, slow)
+    answered: list[float] = []
+
+    def upload() -> None:
+        check.check()
+        answered.append(time.monotonic())
+
+    threads = [threading.Thread(target=upload) for _ in range(8)]
+    for thread in threads:
+        thread.start()
+    for _ in range(500):
+        if len(answered) == 7:
+            break
+        time.sleep(0.01)
+    assert len(asked) == 1
+    assert len(answered) == 7  # the others went by the last answer (none yet) meanwhile
+    release.set()
+    for thread in threads:
+        thread.join()
+    assert len(answered) == 8
 
 
 def test_a_stores_id_file_replaced_by_anything_is_read_as_a_short_string(tmp_path: Path) -> None:
