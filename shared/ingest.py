@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import logging
 import posixpath
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
@@ -111,7 +111,13 @@ class Ingestor:
     """Accepts documents into knowledge bases and starts their pipeline."""
 
     def __init__(
-        self, settings: Settings, registry: Registry, blobs: BlobStore, sender: Celery, broker: redis.Redis
+        self,
+        settings: Settings,
+        registry: Registry,
+        blobs: BlobStore,
+        sender: Celery,
+        broker: redis.Redis,
+        source_exists: Callable[[str, str, str], bool] = lambda *_: True,
     ) -> None:
         self.settings = settings
         self.registry = registry
@@ -121,6 +127,8 @@ class Ingestor:
         self.sender = sender
         self.admitter = Admitter(settings, registry, broker)
         self.shared_blobs = SharedBlobs(blobs, broker, settings.celery.worker_silent_s)
+        # Whether a source (tenant, KB, id) still stands: a document one forgotten kept is an upload's.
+        self.source_exists = source_exists
         self.fetch_policy = FetchPolicy.of(settings.fetch.allow)
 
     @property
@@ -270,7 +278,7 @@ class Ingestor:
         source_uri, source_id = source
         current = self.registry.get_doc(tenant_id, kb_id, doc_id)
         if current is not None:
-            check_owner(current.doc, source_id)
+            check_owner(current.doc, source_id, self.source_exists)
         if current is not None and _unchanged(current.doc, sha256, metadata):
             return SubmitResult(doc_id, Outcome.UNCHANGED, current.doc.status, current.doc.content_version)
         now = utcnow()
@@ -323,7 +331,7 @@ class Ingestor:
         for _ in range(5):
             current = self.registry.get_doc(tenant_id, kb_id, doc_id)
             if current is not None:
-                check_owner(current.doc, None)  # a URL is an upload: a source's document is not its
+                check_owner(current.doc, None, self.source_exists)  # a URL is an upload
             now = utcnow()
             previous = current.doc if current is not None else None
             doc, released = url_version(previous, tenant_id, kb_id, doc_id, url, metadata)
@@ -485,10 +493,13 @@ class NotOwner(RaglineError):
     code = ErrorCode.CONFLICT
 
 
-def check_owner(doc: Document, source_id: str | None) -> None:
+def check_owner(doc: Document, source_id: str | None, source_exists: Callable[[str, str, str], bool]) -> None:
     """NotOwner unless `source_id` (None: an upload) may replace `doc`: the same source, or one
-    that is deleted (its id is free again)."""
+    that is deleted (its id is free again). An upload may replace a document whose source is gone
+    (forgotten with its documents kept, and theirs not yet released as uploads')."""
     if doc.status in (DocStatus.DELETED, DocStatus.DELETING) or doc.source_id == source_id:
+        return
+    if source_id is None and doc.source_id and not source_exists(doc.tenant_id, doc.kb_id, doc.source_id):
         return
     owner = f"source '{doc.source_id}'" if doc.source_id else "an upload"
     raise NotOwner(

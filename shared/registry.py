@@ -418,6 +418,20 @@ class Registry:
                 return found
             after = hits[-1]["sort"]
 
+    def has_source_documents(self, tenant_id: str, kb_id: str, source_id: str) -> bool:
+        """Whether a live document (neither deleted nor being deleted) carries the source's id."""
+        gone = [DocStatus.DELETED.value, DocStatus.DELETING.value]
+        scope = _kb_scope(tenant_id, kb_id)["bool"]["filter"]
+        query = {
+            "bool": {
+                "filter": [*scope, {"term": {"source_id": source_id}}],
+                "must_not": [{"terms": {"status": gone}}],
+            }
+        }
+        self.refresh_docs()
+        found = self.client.search(index=self.docs, body={"size": 0, "query": query, "terminate_after": 1})
+        return int(found["hits"]["total"]["value"]) > 0
+
     def detach_source(self, tenant_id: str, kb_id: str, source_id: str) -> None:
         """The documents of a source forgotten with its documents kept become uploads: an upload
         may replace them, and no source added again under that id owns them (its removal deleted

@@ -64,8 +64,8 @@ def build_services(settings: Settings) -> Services:
     sender = broker_client(settings)
     broker = redis_client(settings)
     blobs = blob_store(settings, broker)
-    ingestor = Ingestor(settings, registry, blobs, sender, broker)
     source_store = SourceStore(client, settings)
+    ingestor = Ingestor(settings, registry, blobs, sender, broker, source_store.exists)
     return Services(
         settings=settings,
         client=client,

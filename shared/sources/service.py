@@ -128,10 +128,12 @@ class Sources:
             raise RaglineError(
                 f"a knowledge base holds at most {MAX_SOURCES_PER_KB} sources", code=ErrorCode.RATE_LIMITED
             )
+        source_id = spec.source_id or f"{spec.type.value}-{uuid.uuid4().hex[:8]}"
+        self._no_kept_documents(tenant_id, kb_id, source_id)
         source = Source(
             tenant_id=tenant_id,
             kb_id=kb_id,
-            source_id=spec.source_id or f"{spec.type.value}-{uuid.uuid4().hex[:8]}",
+            source_id=source_id,
             type=spec.type,
             name=spec.name,
             settings=stored_settings(spec),
@@ -147,6 +149,19 @@ class Sources:
             self.store.delete(tenant_id, kb_id, created.source_id)
             raise
         return view(created, None)
+
+    def _no_kept_documents(self, tenant_id: str, kb_id: str, source_id: str) -> None:
+        """CONFLICT while documents a forgotten source of this id kept still carry it: a source
+        added under it would own them, and its removal delete them. Their release is asked again
+        (its first pass skips a document written at that moment), and done within moments."""
+        if not self.registry.has_source_documents(tenant_id, kb_id, source_id):
+            return
+        self.registry.detach_source(tenant_id, kb_id, source_id)
+        raise RaglineError(
+            f"documents kept from an earlier source '{source_id}' still carry its id while they "
+            "become uploads; add the source again in a moment, or give it another id",
+            code=ErrorCode.CONFLICT,
+        )
 
     def of_kb(self, tenant_id: str, kb_id: str) -> list[SourceView]:
         self.registry.get_kb(tenant_id, kb_id)
@@ -318,10 +333,11 @@ class Sources:
             active = self.store.active_run(*scope)
             if active is not None:
                 self.cancel(active)
+            # Before the source goes: a DELETE that fails here may be sent again.
+            self.registry.detach_source(*scope)
             self.store.drop_items(*scope)
             self.store.delete(*scope)
             self.store.drop_runs(*scope)  # after the source: see `_fence`
-            self.registry.detach_source(*scope)
             return None
         if not source.deleting:
             self.store.update(*scope, lambda s: s.model_copy(update={"deleting": True, "next_run_at": None}))

@@ -173,6 +173,13 @@ class SourceStore:
     def get(self, tenant_id: str, kb_id: str, source_id: str) -> Source:
         return self._read(self.sources, source_key(tenant_id, kb_id, source_id), Source)[0]
 
+    def exists(self, tenant_id: str, kb_id: str, source_id: str) -> bool:
+        try:
+            self.get(tenant_id, kb_id, source_id)
+        except SourceNotFound:
+            return False
+        return True
+
     def of_kb(self, tenant_id: str, kb_id: str) -> list[Source]:
         """The KB's sources, as a read of each would find them (a source removed a moment ago too)."""
         self.client.indices.refresh(index=self.sources)

@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 import socket
 import threading
+import time
 import uuid
 from collections.abc import Callable, Iterator, Mapping
 from collections.abc import Set as AbstractSet
@@ -430,6 +431,7 @@ def test_a_run_held_by_its_full_queue_makes_way_for_another_tenants_then_goes_on
     assert len(calls) >= 4
     made_way = _stored(case, run)
     assert made_way.status == RunStatus.RUNNING  # still the source's run, to be resumed
+    assert made_way.attempts == run.attempts  # no failed attempt: its retries after errors stay
     assert store.known(case.kb.tenant_id, case.kb.kb_id, "share")["a.txt"].run_id == run.run_id
     monkeypatch.setattr(ingestor, "submit", send)
     resumed = engine.run(made_way, lambda: True)
@@ -509,6 +511,8 @@ def test_a_run_makes_way_only_for_another_tenants_run_that_no_runner_holds(case:
         assert not sync_runner._others_wait(store, mine)  # another runner has it
     finally:
         case.services.redis.delete(lease_key(other))
+    sync_runner._made_way[other.run_id] = time.monotonic()
+    assert not sync_runner._others_wait(store, mine)  # it just made way itself: no handing back
 
 
 @dataclass

@@ -195,9 +195,13 @@ class SyncRunner:
         return sorted(runs, key=lambda run: run.run_id in self._made_way)
 
     def _others_wait(self, store: SourceStore, run: SyncRun) -> bool:
-        """Whether a run of another tenant waits for a runner: queued, or its runner gone."""
+        """Whether a run of another tenant waits for a runner: queued, or its runner gone. Not one
+        that just made way itself: two tenants that both keep their queues full would hand the
+        runner back and forth, each listing its source again each time."""
         return any(
-            other.tenant_id != run.tenant_id and not leader.held(self.client, lease_key(other))
+            other.tenant_id != run.tenant_id
+            and other.run_id not in self._made_way
+            and not leader.held(self.client, lease_key(other))
             for runs in store.pending_runs()
             for other in runs
         )

@@ -135,6 +135,12 @@ class SyncEngine:
                 return self._end(source, started, RunStatus.FAILED, error=error)
             try:
                 return self._sync(source, started, connector, may_go_on, others_wait)
+            except MadeWay:
+                # No failed attempt: a run's attempts bound its retries after errors (the runner's
+                # RUN_ATTEMPTS), and one that made way four times ended failed at its next error.
+                with _stopped_if_missing(run):
+                    self.store.update_run(run.run_id, _not_an_attempt)
+                raise
             finally:
                 connector.close()
 
@@ -253,8 +259,9 @@ class SyncEngine:
 
     def _retried_before(self, run: SyncRun) -> AbstractSet[str]:
         """What an earlier attempt of this run retried, though it may not have written it down: the
-        documents in the run's batch (a retry sets it)."""
-        if not run.retry_failed or run.attempts <= 1:
+        documents in the run's batch (a retry sets it; none at its first start). Read whatever its
+        attempts say: a run that made way was resumed without counting one."""
+        if not run.retry_failed:
             return frozenset()
         return set(self.registry.source_documents(run.tenant_id, run.kb_id, run.source_id, run.run_id))
 
@@ -707,6 +714,10 @@ def _started(run: SyncRun) -> SyncRun:
             "started_at": run.started_at or utcnow(),
         }
     )
+
+
+def _not_an_attempt(run: SyncRun) -> SyncRun:
+    return run.model_copy(update={"attempts": max(run.attempts - 1, 0)})
 
 
 class _NoConnector(Connector):
