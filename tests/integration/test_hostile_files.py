@@ -129,7 +129,8 @@ def test_hostile_files_fail_with_their_codes_and_harm_nothing(
     canary_before = canary.stat()
     corpus = hostile.corpus(canary, settings.parse)
     blob_root = settings.state_dir / "blobstore"
-    bases = [settings.state_dir, blob_root, *blob_root.iterdir(), REPO_ROOT, Path.cwd()]
+    folders = [path for path in blob_root.iterdir() if path.is_dir()]  # not its id's file
+    bases = [settings.state_dir, blob_root, *folders, REPO_ROOT, Path.cwd()]
     names = [*corpus, *hostile.PATH_NAMES]
     targets = hostile.name_targets(names, [*bases, Path(tempfile.gettempdir())])
     paths_before = hostile.snapshot(targets)
