@@ -17,6 +17,8 @@ from tests.integration.stack_control import stack
 
 pytestmark = pytest.mark.e2e
 
+QUIET_DB = 13  # no worker serves it
+
 
 def _local_s3(settings: Settings) -> dict[str, str]:
     path = settings.state_dir / "s3" / "blobs.env"
@@ -30,6 +32,9 @@ def _api(tmp: Path, settings: Settings, bucket: str | None = None) -> Iterator[S
     env = _local_s3(settings)
     bucket = bucket or env["RAGLINE_BLOBS__URL"].removeprefix("s3://").split("/")[0]
     env["RAGLINE_BLOBS__URL"] = f"s3://{bucket}/e2e-{uuid.uuid4().hex[:8]}"
+    # A Redis database of its own: the stack's workers read another store, and an API beside them
+    # on this bucket would refuse every upload as not theirs (tests/e2e/test_blob_store_mismatch.py).
+    env["RAGLINE_REDIS__URL"] = settings.redis.url.rsplit("/", 1)[0] + f"/{QUIET_DB}"
     server, process = start_server(tmp, env)
     try:
         yield server
