@@ -28,6 +28,7 @@ STORES_KEY = "ragline:worker-blob-stores"  # worker name -> {"store": id, "at": 
 # How long a front trusts its last answer: a check per upload would cost two reads each.
 FRESH_S = 5.0
 UNKNOWN_FRESH_S = 1.0
+FIRST_ANSWER_WAIT_S = 10.0  # past Redis's and a store's own bounds on one question, mostly
 MAX_ANNOUNCEMENT_BYTES = 256
 
 
@@ -63,23 +64,29 @@ class NotTheWorkersStore(RaglineError):
 
 class SharedBlobs:
     """A front's check that its blob store is its workers'. One caller asks at a time, with no
-    lock held while it does: the others go by the last answer meanwhile (the first ones by none),
-    so a slow Redis or store holds one upload, not every upload in turn."""
+    lock held while it does: the others go by the last answer meanwhile, so a slow Redis or store
+    holds one upload, not every upload in turn. Before the first answer there is none to go by,
+    and the others wait for it (a bounded while): a burst on a fresh front went through unchecked."""
 
     def __init__(self, blobs: BlobStore, client: redis.Redis, silent_s: float) -> None:
         self.blobs = blobs
         self.client = client
         self.silent_s = silent_s
         self._lock = threading.Lock()
-        self._answer: tuple[float, bool | None] = (0.0, None)  # (good until, shared)
+        self._answered = threading.Condition(self._lock)
+        self._answer: tuple[float, bool | None] | None = None  # (good until, shared)
         self._asking = False
 
     def check(self) -> None:
         """Raise NotTheWorkersStore when the live workers read other stores than this front's."""
         with self._lock:
-            until, shared = self._answer
+            until, shared = self._answer or (0.0, None)
             ask = time.monotonic() >= until and not self._asking
-            self._asking = self._asking or ask
+            if ask:
+                self._asking = True
+            elif self._answer is None:
+                self._answered.wait_for(lambda: self._answer is not None, timeout=FIRST_ANSWER_WAIT_S)
+                until, shared = self._answer or (0.0, None)
         if ask:
             try:
                 shared = self._shared()
@@ -89,6 +96,7 @@ class SharedBlobs:
                     # No answer (Redis or the store away) is asked again soon, not at each upload.
                     fresh = FRESH_S if shared is not None else UNKNOWN_FRESH_S
                     self._answer = (time.monotonic() + fresh, shared)
+                    self._answered.notify_all()
         if shared is False:
             raise NotTheWorkersStore(
                 "this server keeps uploaded bytes in a blob store that none of the running workers "

@@ -119,39 +119,72 @@ def test_redis_down_is_left_to_the_request_and_asked_again_soon(tmp_path: Path) 
         check.check()
 
 
-def test_a_slow_answer_holds_one_upload_not_every_upload_in_turn(tmp_path: Path) -> None:
+class _Slow(Stores):
+    """The workers' hash behind a Redis that answers once `release` is set."""
+
+    def __init__(self, hash_: dict[str, str]) -> None:
+        super().__init__()
+        self.hash = hash_
+        self.release = threading.Event()
+        self.asked = 0
+
+    def hgetall(self, key: str) -> dict[str, str]:
+        self.asked += 1
+        self.release.wait(10)
+        return super().hgetall(key)
+
+
+def _uploads(check: SharedBlobs, count: int) -> tuple[list[threading.Thread], list[str]]:
+    """`count` uploads checking at once; what each was answered, as they are answered."""
+    answered: list[str] = []
+
+    def upload() -> None:
+        try:
+            check.check()
+            answered.append("accepted")
+        except RaglineError:
+            answered.append("refused")
+
+    threads = [threading.Thread(target=upload) for _ in range(count)]
+    for thread in threads:
+        thread.start()
+    return threads, answered
+
+
+def test_a_burst_on_a_fresh_front_waits_for_the_first_answer(tmp_path: Path) -> None:
+    """The uploads that came while the first check was asking went through unchecked: 16 of 32 on
+    a fresh API on another state dir were accepted, then failed."""
+    stores = Stores()
+    blob_sharing.announce(stores, "host:1", "the-workers-store")  # type: ignore[arg-type]
+    slow = _Slow(stores.hash)
+    threads, answered = _uploads(_check(DirBlobStore(tmp_path / "elsewhere"), slow), 8)
+    time.sleep(0.3)
+    assert answered == []  # all wait for the one question in flight
+    slow.release.set()
+    for thread in threads:
+        thread.join()
+    assert (slow.asked, answered) == (1, ["refused"] * 8)
+
+
+def test_a_slow_answer_later_holds_one_upload_not_every_upload_in_turn(tmp_path: Path) -> None:
     """The check held its lock while it asked: eight uploads behind a slow Redis were answered one
     after another, the last after eight of its timeouts."""
     blobs, stores = DirBlobStore(tmp_path / "stack"), Stores()
     blob_sharing.announce(stores, "host:1", blobs.identity())  # type: ignore[arg-type]
-    release = threading.Event()
-    asked: list[float] = []
-
-    class Slow(Stores):
-        def hgetall(self, key: str) -> dict[str, str]:
-            asked.append(time.monotonic())
-            release.wait(10)
-            return super().hgetall(key)
-
-    slow = Slow()
-    slow.hash = stores.hash
+    slow = _Slow(stores.hash)
+    slow.release.set()
     check = _check(blobs, slow)
-    answered: list[float] = []
-
-    def upload() -> None:
-        check.check()
-        answered.append(time.monotonic())
-
-    threads = [threading.Thread(target=upload) for _ in range(8)]
-    for thread in threads:
-        thread.start()
+    check.check()  # a first answer: shared
+    slow.release.clear()
+    check._answer = (0.0, True)  # its time is up
+    threads, answered = _uploads(check, 8)
     for _ in range(500):
         if len(answered) == 7:
             break
         time.sleep(0.01)
-    assert len(asked) == 1
-    assert len(answered) == 7  # the others went by the last answer (none yet) meanwhile
-    release.set()
+    assert slow.asked == 2
+    assert answered == ["accepted"] * 7  # the others went by the last answer meanwhile
+    slow.release.set()
     for thread in threads:
         thread.join()
     assert len(answered) == 8
