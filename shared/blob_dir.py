@@ -66,20 +66,32 @@ class DirBlobStore(BlobStore):
         return self._blobs / sha256[:2] / sha256[2:4] / sha256
 
     def put(self, data: bytes | Iterable[bytes], *, max_bytes: int | None = None) -> StoredBlob:
-        fd, tmp_name = self._temp_file()
-        tmp = Path(tmp_name)
+        with self._unwritable():
+            fd, tmp_name = self._temp_file()
+            tmp = Path(tmp_name)
+            try:
+                with os.fdopen(fd, "wb") as out:
+                    blob = spool(data, out, max_bytes)
+                    out.flush()
+                    os.fsync(out.fileno())
+                final = self.path_of(blob.sha256)
+                final.parent.mkdir(parents=True, exist_ok=True)
+                os.replace(tmp, final)
+                _fsync_dir(final.parent)
+                return blob
+            finally:
+                tmp.unlink(missing_ok=True)
+
+    @contextlib.contextmanager
+    def _unwritable(self) -> Iterator[None]:
+        """A disk that is full or failing, or a folder of the store made something else, is an
+        outage of the store: the caller is told to retry later, not handed a server error."""
         try:
-            with os.fdopen(fd, "wb") as out:
-                blob = spool(data, out, max_bytes)
-                out.flush()
-                os.fsync(out.fileno())
-            final = self.path_of(blob.sha256)
-            final.parent.mkdir(parents=True, exist_ok=True)
-            os.replace(tmp, final)
-            _fsync_dir(final.parent)
-            return blob
-        finally:
-            tmp.unlink(missing_ok=True)
+            yield
+        except OSError as error:
+            # Its path is for the operator's log: the message reaches the request that met it.
+            log.error("the blob store in %s cannot be written: %s", self.root, error)
+            raise OutageError("the blob store cannot be written") from error
 
     def exists(self, sha256: str) -> bool:
         return self.path_of(sha256).is_file()
@@ -119,8 +131,11 @@ class DirBlobStore(BlobStore):
             raise OutageError("the blob store's id cannot be read") from error
 
     def check(self) -> None:
-        if not os.access(self._blobs, os.W_OK | os.X_OK):
-            raise OutageError(f"the blob store's directory {self._blobs} is not writable")
+        with self._unwritable():
+            self._make_directories()  # as a write would, for a store deleted under the processes
+        for directory in (self._blobs, self._artifacts, self._tmp, self._locks):
+            if not directory.is_dir() or not os.access(directory, os.W_OK | os.X_OK):
+                raise OutageError(f"the blob store's directory {directory} is not a writable directory")
 
     @contextlib.contextmanager
     def _stripe_lock(self, stripe: str, *, exclusive: bool) -> Iterator[None]:

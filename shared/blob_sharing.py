@@ -30,6 +30,9 @@ FRESH_S = 5.0
 UNKNOWN_FRESH_S = 1.0
 FIRST_ANSWER_WAIT_S = 10.0  # past Redis's and a store's own bounds on one question, mostly
 MAX_ANNOUNCEMENT_BYTES = 256
+# The ids a front has read from its own store: one deleted and begun anew under a running stack
+# keeps its old id in the workers' announcements until they read it again.
+KEPT_OWN_IDS = 4
 
 
 def announce(client: redis.Redis, worker: str, store_id: str) -> None:
@@ -76,6 +79,7 @@ class SharedBlobs:
         self._answered = threading.Condition(self._lock)
         self._answer: tuple[float, bool | None] | None = None  # (good until, shared)
         self._asking = False
+        self._own_ids: list[str] = []  # most recent last; written by the one caller asking
 
     def check(self) -> None:
         """Raise NotTheWorkersStore when the live workers read other stores than this front's."""
@@ -115,7 +119,9 @@ class SharedBlobs:
         except Exception:  # whatever the store or Redis raised: this check's answer is unknown
             log.warning("could not compare the blob store with the workers'", exc_info=True)
             return None
-        if mine in stores:
+        if mine not in self._own_ids:
+            self._own_ids = [*self._own_ids, mine][-KEPT_OWN_IDS:]
+        if stores.intersection(self._own_ids):
             return True
         log.error(
             "the blob store %s (id %s) is not the one the running workers read (ids %s): documents "

@@ -9,11 +9,14 @@ streams. The API's memory is read from /proc as in test_request_intake.py.
 from __future__ import annotations
 
 import json
+import shutil
+import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 import redis
 
@@ -202,3 +205,48 @@ def test_metadata_that_is_no_json_value_is_refused(server: Server, kb: str, valu
             assert response.json()["code"] == "INVALID_ARGUMENT"
         for doc_id in ("nan-json", "nan-multipart"):
             assert client.get(f"/v1/kbs/{kb}/documents/{doc_id}").status_code == 404
+
+
+async def test_a_blob_store_folder_made_a_file_is_unavailable_not_a_server_error(
+    server: Server, kb: str, state_dir: Path
+) -> None:
+    """Its temporary folder replaced by a file: every front answers UNAVAILABLE without the path,
+    readiness says the store cannot serve, and uploads go through again once it is a folder."""
+    tmp = state_dir / "blobstore" / "tmp"
+    shutil.rmtree(tmp)
+    tmp.write_bytes(b"not a folder")
+    try:
+        with server.client("a_admin") as client:
+            inline = client.post(f"/v1/kbs/{kb}/documents", json={"content": "x", "doc_id": "unwritable"})
+            multipart = client.post(f"/v1/kbs/{kb}/documents", files={"files": ("u.txt", b"x")})
+            for response in (inline, multipart):
+                assert response.status_code == 503, response.text[:500]
+                assert response.json()["code"] == "UNAVAILABLE"
+                assert str(state_dir) not in response.text
+            ready = _readiness_once_blobs_are(client, ok=False)
+            assert ready.status_code == 503
+            assert ready.json()["checks"]["blobs"] == {"ok": False, "error": "OutageError"}
+        async with http_session(server, "a_admin") as session:
+            result = await session.call_tool(
+                "ingest", {"kb_id": kb, "content": "x", "doc_id": "unwritable-mcp"}
+            )
+            assert error_text(result).startswith("UNAVAILABLE:")
+    finally:
+        tmp.unlink()
+    with server.client("a_admin") as client:
+        ready = _readiness_once_blobs_are(client, ok=True)
+        assert ready.json()["checks"]["blobs"] == {"ok": True}
+        accepted = client.post(f"/v1/kbs/{kb}/documents", json={"content": "x", "doc_id": "unwritable"})
+        assert accepted.status_code == 202, accepted.text
+        assert client.get(f"/v1/kbs/{kb}/documents/unwritable").status_code == 200
+        assert client.get(f"/v1/kbs/{kb}/documents/unwritable-mcp").status_code == 404
+
+
+def _readiness_once_blobs_are(client: httpx.Client, *, ok: bool) -> httpx.Response:
+    """Readiness answers are shared for a moment: ask until the store's check says `ok` (bounded)."""
+    deadline = time.monotonic() + 10
+    while True:
+        response = client.get("/readyz")
+        if response.json()["checks"]["blobs"]["ok"] is ok or time.monotonic() > deadline:
+            return response
+        time.sleep(0.2)

@@ -105,6 +105,23 @@ def test_the_answer_is_kept_a_while_then_asked_again(tmp_path: Path) -> None:
     assert stores.reads == 2
 
 
+def test_a_store_begun_anew_under_a_running_stack_is_still_the_workers(tmp_path: Path) -> None:
+    """Its id file deleted: the front reads a new id at once, the workers announce the old one
+    until they read it again, and uploads to the right store were refused meanwhile."""
+    blobs, stores = DirBlobStore(tmp_path / "stack"), Stores()
+    blob_sharing.announce(stores, "host:1", blobs.identity())  # type: ignore[arg-type]
+    check = _check(blobs, stores)
+    check.check()
+    (tmp_path / "stack" / "store-id").unlink()
+    check._answer = (0.0, True)  # its time is up
+    check.check()
+    assert stores.reads == 2
+    blob_sharing.announce(stores, "host:1", "another")  # type: ignore[arg-type]
+    check._answer = (0.0, True)
+    with pytest.raises(RaglineError):
+        check.check()  # an id this front never read from its store is still another store
+
+
 def test_redis_down_is_left_to_the_request_and_asked_again_soon(tmp_path: Path) -> None:
     blobs, stores = DirBlobStore(tmp_path / "stack"), Stores()
     blob_sharing.announce(stores, "host:1", "another")  # type: ignore[arg-type]
