@@ -404,7 +404,18 @@ def write_report(r: dict[str, Any], path: Path, plots: Path) -> None:
                 f"started OpenSearch ({r['warmup']['seconds']} s, {r['warmup']['chunks_per_s']} chunks/s; "
                 "CPU seconds: "
                 + ", ".join(f"{k} {v}" for k, v in r["warmup"]["cpu_seconds"].items())
-                + "); a new JVM compiles its hot paths during its first load.",
+                + "); a new JVM compiles its hot paths during its first loads. Then the same pages "
+                "went again into new KBs from the embedding cache until OpenSearch's compiler took at "
+                f"most {r['warmup'].get('settled_jit_share', 0):.0%} of its CPU in a round; the rounds' "
+                "OpenSearch CPU seconds (the compiler's of them): "
+                + (
+                    ", ".join(
+                        f"{w['opensearch_cpu_s']} ({w['opensearch_jit_s']})"
+                        for w in r["warmup"].get("warm_rounds", [])
+                    )
+                    or "none"
+                )
+                + ".",
                 "",
             ]
             if "warmup" in r

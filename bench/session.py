@@ -169,10 +169,14 @@ class Bench:
         with ThreadPoolExecutor(max_workers=concurrency) as pool:
             return list(pool.map(one, calls))
 
+    def index_of(self, kb: str) -> str:
+        """The physical chunk index that holds `kb`."""
+        tenant = chunk_index.kb_tenant(self.client, self.settings, kb)
+        return resolve(self.client, self.settings, [(tenant, kb)])[(tenant, kb)].index
+
     def index_size(self, kb: str) -> dict[str, Any]:
         """The bytes a chunk of the index that holds `kb`, force-merged, in all and by part."""
-        tenant = chunk_index.kb_tenant(self.client, self.settings, kb)
-        index = resolve(self.client, self.settings, [(tenant, kb)])[(tenant, kb)].index
+        index = self.index_of(kb)
         merged = chunk_index.merged_parts(self.client, index)
         count = max(1, merged["chunks"])
         per_chunk = {part: round(size / count) for part, size in merged["parts"].items()}

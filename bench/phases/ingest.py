@@ -3,32 +3,61 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 from bench.baselines import restart_worker
 from bench.corpus import write_corpus
 from bench.cpu import CpuMeter
 from bench.rss import RssSampler
 from bench.session import Bench
+from shared.search import chunk_index
 
 # Throwaway documents loaded before the counted ones.
 WARMUP, WARMUP_QUICK = 100, 12
+# The warm-up loads its pages again into new KBs, from the embedding cache, until OpenSearch's
+# compiler takes at most this share of OpenSearch's CPU in a round (or the rounds run out).
+SETTLED_JIT_SHARE = 0.25
+WARM_ROUNDS, WARM_ROUNDS_QUICK = 16, 2
 
 
 def warm_opensearch(bench: Bench, files: list[tuple[Path, str]]) -> None:
-    """A throwaway load before the measured ones, deleted after it.
+    """Throwaway loads before the measured ones, each deleted after it.
 
     `make bench` starts the local stack when it is down, and a new JVM compiles its hot paths while
     its first loads run: a cost of each OpenSearch start, not of the pipeline (the raw model is
-    warmed up before its clock starts too). On 2 cores the C2 compiler keeps working through whole
-    loads even after a long warm-up, so a longer one buys nothing: what the warm-up cost is
-    reported, and the measured phases report the compiler's share (`opensearch_jit`).
+    warmed up before its clock starts too). On 2 cores its C2 compiler works through tens of
+    thousands of chunks, more than a measured load holds: so after a first load, which embeds and
+    warms the worker, the same pages go again into new KBs from the embedding cache, which costs
+    OpenSearch a whole load's work and the worker little, until the compiler has settled. Then the
+    deleted warm-up chunks are merged away, so that the measured load does not pay for them. Each
+    round is reported, and the measured phases report the compiler's share (`opensearch_jit`).
     """
-    bench.say(f"warm-up: {len(files)} documents into a throwaway KB (a fresh OpenSearch JVM compiles)")
-    kb = bench.kb("warmup", "off")
-    with CpuMeter(bench.settings) as cpu:
-        run = bench.ingest(kb, files)
-    bench.remote.delete(f"/v1/kbs/{kb}")
-    bench.results["warmup"] = run | {"cpu_seconds": cpu.summary()}
+    bench.say(f"warm-up: {len(files)} documents into throwaway KBs (a fresh OpenSearch JVM compiles)")
+    rounds: list[dict[str, Any]] = []
+    index = None
+    for n in range(1 + (WARM_ROUNDS_QUICK if bench.quick else WARM_ROUNDS)):
+        kb = bench.kb("warmup", "off")
+        with CpuMeter(bench.settings) as cpu:
+            run = bench.ingest(kb, files, cold=n == 0)
+        index = index or bench.index_of(kb)
+        bench.remote.delete(f"/v1/kbs/{kb}")
+        used = cpu.summary()
+        rounds.append(run | {"cpu_seconds": used})
+        if n and used["opensearch_jit"] <= SETTLED_JIT_SHARE * used["opensearch"]:
+            break
+    if index:
+        chunk_index.expunge_deletes(bench.client, index)
+    bench.results["warmup"] = rounds[0] | {
+        "settled_jit_share": SETTLED_JIT_SHARE,
+        "warm_rounds": [
+            {
+                "chunks": r["chunks"],
+                "opensearch_cpu_s": r["cpu_seconds"]["opensearch"],
+                "opensearch_jit_s": r["cpu_seconds"]["opensearch_jit"],
+            }
+            for r in rounds[1:]
+        ],
+    }
 
 
 def ingest_figures(

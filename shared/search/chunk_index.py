@@ -260,6 +260,13 @@ MERGE_TIMEOUT_S = 3600.0
 LEASE_WAIT_S = 120.0
 
 
+def expunge_deletes(client: OpenSearch, index: str) -> None:
+    """Merge away the deleted chunks of `index` now (the bench's throwaway loads), not in the
+    merges of the loads after them."""
+    client.indices.refresh(index=index)
+    client.indices.forcemerge(index=index, only_expunge_deletes=True, request_timeout=MERGE_TIMEOUT_S)
+
+
 def merged_parts(client: OpenSearch, index: str) -> dict[str, Any]:
     """Force-merge `index` to one segment; its chunks, bytes, and bytes by part on primaries.
 
