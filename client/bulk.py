@@ -266,7 +266,7 @@ def _chunks(remote: Remote, kb: str, report: LoadReport) -> int:
 def summary_table(report: LoadReport) -> Table:
     table = Table()
     table.add_column("what")
-    table.add_column("count", justify="right")
+    table.add_column("value", justify="right")  # counts, and the batch id and the seconds
     table.add_row("batch", report.batch_id)  # a row, not the title: a title wraps to the counts' width
     table.add_row("files", str(report.scanned))
     for name in ("created", "updated", "unchanged", "rejected"):

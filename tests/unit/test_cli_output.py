@@ -26,6 +26,7 @@ def test_the_load_summary_shows_the_batch_id_whole_and_says_what_ready_counts() 
     text = _rendered(summary_table(report))
     assert "ba_0123456789abcdef0123456789abcdef" in text
     assert "ready (this run)" in text
+    assert "count" not in text.splitlines()[1]  # its column also holds the batch id and the seconds
 
 
 class _Runs:
