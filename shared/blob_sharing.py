@@ -104,8 +104,8 @@ class SharedBlobs:
         if shared is False:
             raise NotTheWorkersStore(
                 "this server keeps uploaded bytes in a blob store that none of the running workers "
-                "reads, so no document sent to it could be processed; the operator must start it "
-                "with the workers' RAGLINE_STATE_DIR (or RAGLINE_BLOBS__URL)"
+                "reads, so no document sent to it could be processed; run this server (the API, or "
+                "`ragline mcp`) with the workers' RAGLINE_STATE_DIR (or RAGLINE_BLOBS__URL)"
             )
 
     def _shared(self) -> bool | None:
