@@ -25,6 +25,9 @@ select_worker() { # NAME
 
 # Celery's "<name>@<host> ready." line, as plain text or inside a JSON log line.
 ready() { grep -qE ' ready\.("|$)' "$LOG"; }
+# A pool process has loaded its models (or given up loading them ahead: they load on first use).
+warmed() { grep -qE 'pool process warmed up|warm-up incomplete' "$LOG"; }
+WARM_UP_WAIT_S=180
 
 metrics_port() {
   if [ -n "${RAGLINE_METRICS__WORKER_PORT:-}" ]; then
@@ -53,10 +56,20 @@ start() {
   wait_until 180 "$NAME" "$LOG" ready
   local metrics="metrics off"
   [ "$port" = 0 ] || metrics="metrics http://127.0.0.1:$port/metrics"
-  say "$NAME: ready (pid $(cat "$PIDFILE"), log $LOG, $metrics${QUEUES:+, queues $QUEUES})"
-  # Its pool processes load the models before their first task: documents sent meanwhile show
-  # `queued`, which read as stuck.
-  say "$NAME: loading the models; documents wait as queued until \"pool process warmed up\" in the log"
+  say "$NAME: started (pid $(cat "$PIDFILE"), log $LOG, $metrics${QUEUES:+, queues $QUEUES})"
+  # Its pool processes load the models before their first task: documents sent meanwhile showed
+  # `queued` for half a minute, which read as stuck. So `up` returns once one of them is warm.
+  say "$NAME: loading the models"
+  local i
+  for ((i = 0; i < WARM_UP_WAIT_S * 2; i++)); do
+    if warmed; then
+      say "$NAME: ready to take documents"
+      return 0
+    fi
+    pid_running "$PIDFILE" || die "$NAME exited while loading the models; see $LOG"
+    sleep 0.5
+  done
+  say "$NAME: still loading the models after ${WARM_UP_WAIT_S}s; documents wait as queued until \"pool process warmed up\" in $LOG"
 }
 
 stop() { stop_pidfile "$PIDFILE" "$NAME" 60; }
