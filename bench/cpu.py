@@ -3,8 +3,8 @@
 A service is its process and all its descendants (the worker's pool processes and their parse
 sandboxes, the JVM of each OpenSearch node); a descendant that ended during the phase is counted
 through its parent's reaped-children times. OpenSearch's JIT compiler threads are also reported
-on their own (`opensearch_jit`, part of `opensearch`): on 2 cores the C2 compiler kept compiling
-through whole loads, 40 % of OpenSearch's CPU. So is the embedding model's CPU inside the worker
+on their own (`opensearch_jit`, part of `opensearch`): on 2 cores a fresh JVM's C2 compiler keeps
+compiling through tens of thousands of chunks, a large share of OpenSearch's CPU. So is the embedding model's CPU inside the worker
 (`worker_model`, part of `worker`), from the worker's own metric: what is left of the worker's
 CPU is the pipeline's own work.
 """
