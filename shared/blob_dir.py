@@ -46,7 +46,12 @@ class DirBlobStore(BlobStore):
         self._artifacts = root / "artifacts"
         self._tmp = root / "tmp"
         self._locks = root / "locks"
-        self._make_directories()
+        try:
+            self._make_directories()
+        except OSError as error:
+            # A process starts anyway, to answer UNAVAILABLE (and its readiness to say why) until
+            # the store is repaired: each write lays the store out again or meets the fault.
+            log.error("the blob store in %s cannot be laid out: %s", root, error)
 
     def _make_directories(self) -> None:
         for directory in (self._blobs, self._artifacts, self._tmp, self._locks):
@@ -131,22 +136,37 @@ class DirBlobStore(BlobStore):
             raise OutageError("the blob store's id cannot be read") from error
 
     def check(self) -> None:
+        """A small write as an upload's: a full or read-only disk fails it as it fails uploads."""
         with self._unwritable():
             self._make_directories()  # as a write would, for a store deleted under the processes
-        for directory in (self._blobs, self._artifacts, self._tmp, self._locks):
+            fd, tmp_name = self._temp_file()
+            try:
+                with os.fdopen(fd, "wb") as out:
+                    out.write(b"readiness")
+                    out.flush()
+                    os.fsync(out.fileno())
+            finally:
+                Path(tmp_name).unlink(missing_ok=True)
+        for directory in (self._blobs, self._artifacts, self._locks):
             if not directory.is_dir() or not os.access(directory, os.W_OK | os.X_OK):
                 raise OutageError(f"the blob store's directory {directory} is not a writable directory")
+            if directory.stat().st_dev != self._tmp.stat().st_dev:
+                # A blob is written in tmp/ and renamed into place: across file systems it cannot be.
+                raise OutageError(
+                    f"the blob store's {self._tmp} and {directory} are on different file systems"
+                )
 
     @contextlib.contextmanager
     def _stripe_lock(self, stripe: str, *, exclusive: bool) -> Iterator[None]:
         """flock on the stripe's lock file; closing the file releases it."""
         mode = fcntl.LOCK_EX if exclusive else fcntl.LOCK_SH
         lock = self._locks / f"{stripe}.lock"
-        try:
-            fd = os.open(lock, os.O_RDWR | os.O_CREAT, 0o600)
-        except FileNotFoundError:
-            self._make_directories()  # deleted under the running processes (see `_temp_file`)
-            fd = os.open(lock, os.O_RDWR | os.O_CREAT, 0o600)
+        with self._unwritable():
+            try:
+                fd = os.open(lock, os.O_RDWR | os.O_CREAT, 0o600)
+            except FileNotFoundError:
+                self._make_directories()  # deleted under the running processes (see `_temp_file`)
+                fd = os.open(lock, os.O_RDWR | os.O_CREAT, 0o600)
         try:
             deadline = time.monotonic() + LOCK_WAIT_S
             while True:
@@ -170,17 +190,19 @@ class DirBlobStore(BlobStore):
         return self._artifacts / artifact_name(key)
 
     def put_artifact(self, key: str, value: Any) -> None:
+        # json.dumps, not json.dump: only the one-shot call uses the C encoder, and every stage of
+        # every document writes its artifact here.
+        text = json.dumps(value, ensure_ascii=False)
         path = self._artifact_path(key)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp_name = self._temp_file()
-        try:
-            with os.fdopen(fd, "w", encoding="utf-8") as out:
-                # json.dumps, not json.dump: only the one-shot call uses the C encoder, and every
-                # stage of every document writes its artifact here.
-                out.write(json.dumps(value, ensure_ascii=False))
-            os.replace(tmp_name, path)
-        finally:
-            Path(tmp_name).unlink(missing_ok=True)  # a failed write leaves no half of the text behind
+        with self._unwritable():
+            path.parent.mkdir(parents=True, exist_ok=True)
+            fd, tmp_name = self._temp_file()
+            try:
+                with os.fdopen(fd, "w", encoding="utf-8") as out:
+                    out.write(text)
+                os.replace(tmp_name, path)
+            finally:
+                Path(tmp_name).unlink(missing_ok=True)  # a failed write leaves no half of the text behind
 
     def get_artifact(self, key: str) -> Any:
         with self._artifact_path(key).open(encoding="utf-8") as handle:

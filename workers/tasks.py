@@ -53,6 +53,10 @@ def _start_periodic_jobs(sender: Any = None, **_: Any) -> None:
     broker = redis_client(settings)
     me = f"{socket.gethostname()}:{os.getpid()}"
     celery = settings.celery
+    # First: without its heartbeat a live worker reads as dead, and its documents are sent again.
+    blobs = blob_store(settings, broker)
+    _HEART.append(liveness.Heartbeat(broker, me, celery.reconcile_interval_s, store_id=blobs.identity))
+    _HEART[0].start()
 
     def reconcile() -> object:
         return reconcile_once(worker_context())
@@ -69,9 +73,6 @@ def _start_periodic_jobs(sender: Any = None, **_: Any) -> None:
     _JOBS.append(leader.start("ragline-feeder", broker, FEEDER_LEASE, me, 0.2, feed))
     _RUNNERS.append(SyncRunner(broker, me, worker_context, settings.sources.run_lease_s))
     _RUNNERS[0].start()
-    blobs = blob_store(settings, broker)
-    _HEART.append(liveness.Heartbeat(broker, me, celery.reconcile_interval_s, store_id=blobs.identity))
-    _HEART[0].start()
 
 
 @worker_shutdown.connect
