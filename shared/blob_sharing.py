@@ -30,8 +30,8 @@ FRESH_S = 5.0
 UNKNOWN_FRESH_S = 1.0
 FIRST_ANSWER_WAIT_S = 10.0  # past Redis's and a store's own bounds on one question, mostly
 MAX_ANNOUNCEMENT_BYTES = 256
-# The ids a front has read from its own store: one deleted and begun anew under a running stack
-# keeps its old id in the workers' announcements until they read it again.
+# The ids a front has read from its own store lately: one deleted and begun anew under a running
+# stack keeps its old id in the workers' announcements until they read it again (each beat).
 KEPT_OWN_IDS = 4
 
 
@@ -79,7 +79,8 @@ class SharedBlobs:
         self._answered = threading.Condition(self._lock)
         self._answer: tuple[float, bool | None] | None = None  # (good until, shared)
         self._asking = False
-        self._own_ids: list[str] = []  # most recent last; written by the one caller asking
+        # Id -> when this front last read it as its store's; written by the one caller asking.
+        self._own_ids: dict[str, float] = {}
 
     def check(self) -> None:
         """Raise NotTheWorkersStore when the live workers read other stores than this front's."""
@@ -108,6 +109,17 @@ class SharedBlobs:
                 "`ragline mcp`) with the workers' RAGLINE_STATE_DIR (or RAGLINE_BLOBS__URL)"
             )
 
+    def _lately_own(self, mine: str) -> list[str]:
+        """`mine` and the ids this front read as its store's within the worker-silence window: an
+        id is announced for at most that long after its store began anew, whereas a store that
+        holds it now is another one (its id file copied)."""
+        now = time.monotonic()
+        self._own_ids.pop(mine, None)
+        self._own_ids[mine] = now
+        recent = [i for i, seen in self._own_ids.items() if now - seen <= self.silent_s]
+        self._own_ids = {i: self._own_ids[i] for i in recent[-KEPT_OWN_IDS:]}
+        return list(self._own_ids)
+
     def _shared(self) -> bool | None:
         """None: unknown, as Redis or the store did not answer (the request meets that outage in
         its own words, or the upload goes through to wait for a worker as before)."""
@@ -119,9 +131,7 @@ class SharedBlobs:
         except Exception:  # whatever the store or Redis raised: this check's answer is unknown
             log.warning("could not compare the blob store with the workers'", exc_info=True)
             return None
-        if mine not in self._own_ids:
-            self._own_ids = [*self._own_ids, mine][-KEPT_OWN_IDS:]
-        if stores.intersection(self._own_ids):
+        if stores.intersection(self._lately_own(mine)):
             return True
         log.error(
             "the blob store %s (id %s) is not the one the running workers read (ids %s): documents "

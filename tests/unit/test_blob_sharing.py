@@ -122,6 +122,24 @@ def test_a_store_begun_anew_under_a_running_stack_is_still_the_workers(tmp_path:
         check.check()  # an id this front never read from its store is still another store
 
 
+def test_an_old_id_of_its_store_is_its_own_only_within_the_worker_silence_window(tmp_path: Path) -> None:
+    """A store whose id file was copied from the workers' store, then deleted: past the window in
+    which workers still announce a store's former id, that id names the workers' store, not this."""
+    workers, stores = DirBlobStore(tmp_path / "stack"), Stores()
+    blob_sharing.announce(stores, "host:1", workers.identity())  # type: ignore[arg-type]
+    copy = DirBlobStore(tmp_path / "copy")
+    (tmp_path / "copy" / "store-id").write_text(workers.identity())
+    check = _check(copy, stores)
+    check.check()  # a copied id file cannot be told apart
+    (tmp_path / "copy" / "store-id").unlink()
+    check._answer = (0.0, True)
+    check.check()  # within the window: as a store begun anew
+    check._own_ids = {i: seen - 61 for i, seen in check._own_ids.items()}  # the window has passed
+    check._answer = (0.0, True)
+    with pytest.raises(RaglineError):
+        check.check()
+
+
 def test_redis_down_is_left_to_the_request_and_asked_again_soon(tmp_path: Path) -> None:
     blobs, stores = DirBlobStore(tmp_path / "stack"), Stores()
     blob_sharing.announce(stores, "host:1", "another")  # type: ignore[arg-type]
