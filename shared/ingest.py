@@ -239,27 +239,39 @@ class Ingestor:
         # the id comes from the name as given, whose path segments it keeps (safely).
         filename = file_label(upload.filename) if upload.filename else None
         final_id = upload.doc_id or safe_doc_id(upload.filename or f"doc-{blob.sha256[:16]}")
-        for _ in range(5):
-            try:
-                return self._register_pinned(
-                    tenant_id,
-                    kb_id,
-                    final_id,
-                    blob.sha256,
-                    blob.size,
-                    filename,
-                    upload.mime_type,
-                    metadata,
-                    (source_uri or filename, source_id),
-                    batch_id,
-                    admission,
-                )
-            except Conflict:
-                continue  # someone else wrote the record in between: read it again
-            except (NotOwner, NotFound):
-                erasure.release_blob(self.registry, self.blobs, blob.sha256)
-                raise
-        raise RaglineError(f"document '{final_id}' is being changed concurrently", code=ErrorCode.CONFLICT)
+        try:
+            for _ in range(5):
+                try:
+                    return self._register_pinned(
+                        tenant_id,
+                        kb_id,
+                        final_id,
+                        blob.sha256,
+                        blob.size,
+                        filename,
+                        upload.mime_type,
+                        metadata,
+                        (source_uri or filename, source_id),
+                        batch_id,
+                        admission,
+                    )
+                except Conflict:
+                    continue  # someone else wrote the record in between: read it again
+            raise RaglineError(
+                f"document '{final_id}' is being changed concurrently", code=ErrorCode.CONFLICT
+            )
+        except Exception:
+            self._release_unregistered(blob.sha256)
+            raise
+
+    def _release_unregistered(self, sha256: str) -> None:
+        """The bytes of an upload that wrote no record go, unless a record needs them. Where the
+        failure was the store's or the registry's, this may fail too: the bytes then stay, and
+        the client's retry of the same content stores them again as the same blob."""
+        try:
+            erasure.release_blob(self.registry, self.blobs, sha256)
+        except Exception:  # the upload's own failure is what the caller hears
+            log.warning("the bytes %s of a failed upload stay in the blob store", sha256, exc_info=True)
 
     def _register(
         self,

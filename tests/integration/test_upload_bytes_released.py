@@ -1,0 +1,47 @@
+"""An upload whose record could not be written leaves no bytes behind: its blob goes, unless a
+record needs it (the same content as a live document's). Before, every such failure after the
+bytes were stored (the registry failing, a store whose locks cannot be taken) left them for good."""
+
+from __future__ import annotations
+
+import uuid
+from hashlib import sha256
+
+import pytest
+
+from shared.errors import OutageError
+from shared.ingest import Ingestor
+from shared.registry import Registry
+from shared.wiring import Services
+from tests.integration.helpers import new_kb
+
+pytestmark = pytest.mark.integration
+
+
+def _failing_writes(registry: Registry, monkeypatch: pytest.MonkeyPatch) -> None:
+    def down(*_: object, **__: object) -> None:
+        raise OutageError("the registry is unavailable")
+
+    monkeypatch.setattr(registry, "create_doc", down)
+    monkeypatch.setattr(registry, "replace_doc", down)
+
+
+def test_an_upload_that_wrote_no_record_leaves_no_bytes(
+    services: Services, registry: Registry, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    kb = new_kb(registry, pii_policy="off")
+    ingestor = Ingestor(services.settings, registry, services.blobs, services.sender, services.redis)
+    content = f"Bytes of an upload that fails: {uuid.uuid4().hex}".encode()
+    kept = f"Bytes a live document needs: {uuid.uuid4().hex}".encode()
+    live = ingestor.submit(kb.tenant_id, kb.kb_id, kept, filename="live.txt")
+
+    with monkeypatch.context() as patch:
+        _failing_writes(registry, patch)
+        with pytest.raises(OutageError):
+            ingestor.submit(kb.tenant_id, kb.kb_id, content, filename="fails.txt")
+        with pytest.raises(OutageError):
+            ingestor.submit(kb.tenant_id, kb.kb_id, kept, filename="same-bytes.txt")
+
+    assert not services.blobs.exists(sha256(content).hexdigest())
+    doc = registry.require_doc(kb.tenant_id, kb.kb_id, live.doc_id).doc
+    assert services.blobs.exists(doc.content_hash)  # a live record's bytes stay
