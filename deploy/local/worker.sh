@@ -53,23 +53,47 @@ start() {
   port=$(metrics_port)
   (cd "$REPO_ROOT" && RAGLINE_METRICS__WORKER_PORT=$port exec setsid "$VENV/bin/ragline" worker \
     --name "$NAME" --pidfile "$PIDFILE" ${QUEUES:+--queues "$QUEUES"}) >>"$LOG" 2>&1 </dev/null &
-  wait_until 180 "$NAME" "$LOG" ready
+  if ! await_worker 180 ready "starting"; then
+    tail -n 40 "$LOG" >&2 2>/dev/null || true
+    die "$NAME did not become healthy within 180s; see $LOG"
+  fi
   local metrics="metrics off"
   [ "$port" = 0 ] || metrics="metrics http://127.0.0.1:$port/metrics"
   say "$NAME: started (pid $(cat "$PIDFILE"), log $LOG, $metrics${QUEUES:+, queues $QUEUES})"
   # Its pool processes load the models before their first task: documents sent meanwhile showed
   # `queued` for half a minute, which read as stuck. So `up` returns once one of them is warm.
   say "$NAME: loading the models"
-  local i
-  for ((i = 0; i < WARM_UP_WAIT_S * 2; i++)); do
-    if warmed; then
-      say "$NAME: ready to take documents"
-      return 0
+  if await_worker "$WARM_UP_WAIT_S" warmed "loading the models"; then
+    say "$NAME: ready to take documents"
+  else
+    say "$NAME: still loading the models after ${WARM_UP_WAIT_S}s; documents wait as queued until \"pool process warmed up\" in $LOG"
+  fi
+}
+
+# Whether the worker's process is gone: its pid file names a dead process, or, before Celery
+# writes it, no process runs its command line (a configuration refused, an import failed).
+gone() {
+  if [ -s "$PIDFILE" ]; then
+    ! pid_running "$PIDFILE"
+  else
+    ! pgrep -f -- "--pidfile[= ]$PIDFILE( |\$)" >/dev/null # before and after it execs Celery
+  fi
+}
+
+# await_worker SECONDS CHECK DOING: 0 once CHECK passes, 1 after SECONDS; fails the start at once
+# when the worker exits meanwhile.
+await_worker() {
+  local seconds=$1 check=$2 doing=$3 i
+  for ((i = 0; i < seconds * 2; i++)); do
+    "$check" && return 0
+    # From its second poll on: the background shell may not have become the worker yet.
+    if ((i > 1)) && gone; then
+      tail -n 40 "$LOG" >&2 2>/dev/null || true
+      die "$NAME exited while $doing; see $LOG"
     fi
-    pid_running "$PIDFILE" || die "$NAME exited while loading the models; see $LOG"
     sleep 0.5
   done
-  say "$NAME: still loading the models after ${WARM_UP_WAIT_S}s; documents wait as queued until \"pool process warmed up\" in $LOG"
+  return 1
 }
 
 stop() { stop_pidfile "$PIDFILE" "$NAME" 60; }
