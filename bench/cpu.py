@@ -4,9 +4,9 @@ A service is its process and all its descendants (the worker's pool processes an
 sandboxes, the JVM of each OpenSearch node); a descendant that ended during the phase is counted
 through its parent's reaped-children times. OpenSearch's JIT compiler threads are also reported
 on their own (`opensearch_jit`, part of `opensearch`): on 2 cores a fresh JVM's C2 compiler keeps
-compiling through tens of thousands of chunks, a large share of OpenSearch's CPU. So is the embedding model's CPU inside the worker
-(`worker_model`, part of `worker`), from the worker's own metric: what is left of the worker's
-CPU is the pipeline's own work.
+compiling through tens of thousands of chunks, a large share of OpenSearch's CPU. So is the
+embedding model's CPU inside the worker (`worker_model`, part of `worker`), from the worker's own
+metric: what is left of the worker's CPU is the pipeline's own work.
 """
 
 from __future__ import annotations
