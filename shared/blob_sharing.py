@@ -81,6 +81,7 @@ class SharedBlobs:
         self._asking = False
         # Id -> when this front last read it as its store's; written by the one caller asking.
         self._own_ids: dict[str, float] = {}
+        self._unknown = False  # the last answer was unknown (and said so in the log)
 
     def check(self) -> None:
         """Raise NotTheWorkersStore when the live workers read other stores than this front's."""
@@ -109,6 +110,14 @@ class SharedBlobs:
                 "`ragline mcp`) with the workers' RAGLINE_STATE_DIR (or RAGLINE_BLOBS__URL)"
             )
 
+    def _log_unknown(self, error: Exception) -> None:
+        """Once an outage, not at each ask while it lasts; an outage is reported where a request
+        meets it, so only an unexpected error needs its stack in the log."""
+        if not self._unknown:
+            stack = not isinstance(error, redis.RedisError | RaglineError)
+            log.warning("could not compare the blob store with the workers': %s", error, exc_info=stack)
+        self._unknown = True
+
     def _lately_own(self, mine: str) -> list[str]:
         """`mine` and the ids this front read as its store's within the worker-silence window: an
         id is announced for at most that long after its store began anew, whereas a store that
@@ -126,11 +135,13 @@ class SharedBlobs:
         try:
             stores = live_stores(self.client, self.silent_s)
             if not stores:
+                self._unknown = False
                 return True
             mine = self.blobs.identity()
-        except Exception:  # whatever the store or Redis raised: this check's answer is unknown
-            log.warning("could not compare the blob store with the workers'", exc_info=True)
+        except Exception as error:  # noqa: BLE001  (whatever the store or Redis raised: unknown)
+            self._log_unknown(error)
             return None
+        self._unknown = False
         if stores.intersection(self._lately_own(mine)):
             return True
         log.error(

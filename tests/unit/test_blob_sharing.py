@@ -269,3 +269,26 @@ def test_what_is_no_announcement_is_passed_over(tmp_path: Path) -> None:
     stores.hash["huge"] = json.dumps({"store": "y" * 20_000_000, "at": time.time()})
     assert blob_sharing.live_stores(stores, silent_s=60) == set()  # type: ignore[arg-type]
     _check(DirBlobStore(tmp_path / "elsewhere"), stores).check()
+
+
+def test_redis_down_is_one_line_in_the_log_for_the_whole_outage(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """stdio MCP's stderr got a 45-line traceback at each ask, beside the one line it had said."""
+    blobs, stores = DirBlobStore(tmp_path / "stack"), Stores()
+    check = _check(blobs, stores)
+    stores.down = True
+    for _ in range(3):
+        check._answer = (0.0, None)  # its time is up
+        check.check()
+    records = [r for r in caplog.records if r.name == "shared.blob_sharing"]
+    assert len(records) == 1
+    assert not records[0].exc_info
+    assert "down" in records[0].getMessage()
+    stores.down = False
+    check._answer = (0.0, None)
+    check.check()  # the outage is over: a later one is said again
+    stores.down = True
+    check._answer = (0.0, True)
+    check.check()
+    assert len([r for r in caplog.records if r.name == "shared.blob_sharing"]) == 2
