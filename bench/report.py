@@ -113,6 +113,12 @@ def cpu_targets(ingest: dict[str, Any]) -> list[str]:
     ]
 
 
+def raw_slices(raw: dict[str, Any]) -> str:
+    """The raw model's CPU a chunk in each of its slices between the load's parts, where it ran so."""
+    slices = raw.get("slices_cpu_ms_per_chunk")
+    return f" (by slice between the load's parts: {', '.join(map(str, slices))})" if slices else ""
+
+
 def int8_targets(r: dict[str, Any]) -> list[str]:
     """The int8 model's pipeline against the raw fp32 model, and its hybrid quality against fp32's."""
     if "int8" not in r:
@@ -386,7 +392,7 @@ def write_report(r: dict[str, Any], path: Path, plots: Path) -> None:
         *(
             [
                 "CPU ms per chunk: raw model "
-                f"{raw['cpu_ms_per_chunk']}; during the ingest "
+                f"{raw['cpu_ms_per_chunk']}{raw_slices(raw)}; during the ingest "
                 + ", ".join(f"{k} {v}" for k, v in off["cpu_ms_per_chunk"].items())
                 + _worker_split(off["cpu_ms_per_chunk"])
                 + f". The raw model's CPU over the worker's, per chunk: {ingest['cpu_ratio_raw_to_worker']}: "

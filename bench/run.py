@@ -26,7 +26,7 @@ from bench.phases.quality import quality_figures
 from bench.phases.reingest import reingest_figures
 from bench.phases.scaling import SUBSET, SUBSET_QUICK, scaling_figures
 from bench.phases.sources import sources_figures
-from bench.report import cpu_targets, sources_table, write_report
+from bench.report import cpu_targets, raw_slices, sources_table, write_report
 from bench.session import Bench
 from shared.config import REPO_ROOT, Settings
 
@@ -65,7 +65,7 @@ def main(settings: Settings, server: str, api_key: str, quick: bool) -> Path:
             kb, files = ingest_figures(bench, docs, workers)
         save()
         with bench.phase("int8"):
-            kb_int8 = int8_figures(bench, kb, files, workers)
+            kb_int8 = int8_figures(bench, files, workers)
         save()
         with bench.phase("reingest"):
             reingest_figures(bench, kb, files)
@@ -106,7 +106,10 @@ def only_ingest(settings: Settings, server: str, api_key: str, quick: bool) -> P
         restart_worker(settings, settings.celery.worker_concurrency)
     path = _results() / f"{bench.stamp}-ingest.json"
     path.write_text(json.dumps(bench.results, indent=2))
-    path.with_suffix(".md").write_text("\n".join(cpu_targets(bench.results["ingest"])) + "\n")
+    ingest = bench.results["ingest"]
+    raw = ingest["raw_model"]
+    baseline = f"raw model CPU ms a chunk: {raw['cpu_ms_per_chunk']}{raw_slices(raw)}"
+    path.with_suffix(".md").write_text("\n".join([*cpu_targets(ingest), "", baseline]) + "\n")
     bench.drop_kbs()
     shutil.rmtree(bench.work, ignore_errors=True)
     bench.console.print(f"bench: wrote {path} and {path.with_suffix('.md')}")

@@ -55,6 +55,9 @@ class Bench:
         self.stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ")
         self.work = settings.state_dir / "bench" / self.stamp
         self.created: list[str] = []
+        # The chunk texts the raw fp32 model encoded in the ingest phase: other raw models encode
+        # the same ones.
+        self.raw_texts: list[str] = []
         self.results: dict[str, Any] = {
             "stamp": self.stamp,
             "quick": quick,
@@ -147,10 +150,18 @@ class Bench:
             raise SystemExit(f"bench: no chunks of {kb} found in {chunks_alias(self.settings)}")
         return texts
 
+    def raw_sample(self, texts: list[str], slices: int = 1) -> list[str]:
+        """An even sample of the run's own chunk texts (all of them in a quick run), for a raw
+        model that runs in `slices` parts; the same texts give the same sample."""
+        size = max(1, (RAW_SAMPLE_QUICK if self.quick else RAW_SAMPLE) // slices)
+        return texts[:: max(1, len(texts) // size)]
+
     def raw_model(self, texts: list[str], processes: int, model: str | None = None) -> dict[str, float]:
-        """The bare model on an even sample of the run's own chunk texts (all of them in a quick
-        run); the same texts give the same sample, whichever the model."""
-        sample = texts[:: max(1, len(texts) // (RAW_SAMPLE_QUICK if self.quick else RAW_SAMPLE))]
+        """The bare model on an even sample of `texts`, whichever the model."""
+        return self.raw_model_on(self.raw_sample(texts), processes, model)
+
+    def raw_model_on(self, sample: list[str], processes: int, model: str | None = None) -> dict[str, float]:
+        """The bare model on exactly `sample`."""
         return raw_model(self.settings, sample, processes, model)
 
     def stage_costs(self, kb: str, chunks: int) -> dict[str, float]:

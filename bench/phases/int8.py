@@ -3,7 +3,7 @@ of the ingest phase (the goal: at or above it), its own raw model beside, and it
 beside the fp32 KB's.
 
 The load runs right after the fp32 one, with the same worker processes and a cold embedding cache;
-the raw int8 model encodes the same sample of chunk texts as the raw fp32 model did.
+the raw int8 model encodes the same chunk texts as the raw fp32 model did.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ INT8_MODEL = "all-MiniLM-L6-v2-int8"
 INT8_QUALITY_MODES = ["similarity", "hybrid_rrf", "hybrid_min_max"]
 
 
-def int8_figures(bench: Bench, fp32_kb: str, files: list[tuple[Path, str]], workers: int) -> str:
+def int8_figures(bench: Bench, files: list[tuple[Path, str]], workers: int) -> str:
     """Load the corpus into a KB on the int8 model; returns that KB (the quality phase reads it)."""
     bench.say(f"ingest on {INT8_MODEL}, PII off: {len(files)} documents, {workers} worker processes")
     kb = bench.kb("int8", "off", model=INT8_MODEL)
@@ -31,7 +31,7 @@ def int8_figures(bench: Bench, fp32_kb: str, files: list[tuple[Path, str]], work
         for name, seconds in run["cpu_seconds"].items()
         if name != "wall_s"
     }
-    raw = bench.raw_model(bench.chunk_texts(fp32_kb), workers, model=INT8_MODEL)
+    raw = bench.raw_model_on(bench.raw_texts, workers, model=INT8_MODEL)
     bench.say(f"raw {INT8_MODEL}: {raw['chunks_per_s']} chunks/s on {raw['chunks']} chunk texts")
     fp32_raw = bench.results["ingest"]["raw_model"]
     bench.results["int8"] = {
