@@ -57,7 +57,7 @@ start() {
   (cd "$REPO_ROOT" && exec setsid "$VENV/bin/ragline" serve --host 127.0.0.1 --port "$PORT") \
     >>"$LOG" 2>&1 </dev/null &
   echo $! >"$PIDFILE"
-  wait_until 120 api "$LOG" healthy
+  wait_until --pid "$PIDFILE" 120 api "$LOG" healthy
   say "api: listening on $URL (REST /v1, OpenAPI $URL/docs, MCP $URL/mcp; log $LOG)"
 }
 

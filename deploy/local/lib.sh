@@ -89,13 +89,25 @@ stop_pidfile() {
   say "$name: stopped"
 }
 
-# wait_until SECONDS NAME LOGFILE COMMAND...: poll COMMAND until it succeeds, else fail with the log tail.
+# wait_until [--pid PIDFILE] SECONDS NAME LOGFILE COMMAND...: poll COMMAND until it succeeds, else
+# fail with the log tail; with --pid, fail at once when PIDFILE's process exits meanwhile (a
+# refused configuration, a port taken) rather than after SECONDS.
 wait_until() {
-  local timeout=$1 name=$2 logfile=$3 i
+  local pidfile="" i
+  if [ "$1" = --pid ]; then
+    pidfile=$2
+    shift 2
+  fi
+  local timeout=$1 name=$2 logfile=$3
   shift 3
   for ((i = 0; i < timeout * 2; i++)); do
     if "$@" >/dev/null 2>&1; then
       return 0
+    fi
+    if [ -n "$pidfile" ] && ! pid_running "$pidfile"; then
+      printf 'error: %s exited while starting; last lines of %s:\n' "$name" "$logfile" >&2
+      tail -n 40 "$logfile" >&2 2>/dev/null || true
+      return 1
     fi
     sleep 0.5
   done
