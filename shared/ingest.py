@@ -270,6 +270,8 @@ class Ingestor:
         the client's retry of the same content stores them again as the same blob."""
         try:
             erasure.release_blob(self.registry, self.blobs, sha256)
+        except TransientError as error:  # the store or the registry is out: logged where it was met
+            log.warning("the bytes %s of a failed upload stay in the blob store: %s", sha256, error)
         except Exception:  # the upload's own failure is what the caller hears
             log.warning("the bytes %s of a failed upload stay in the blob store", sha256, exc_info=True)
 

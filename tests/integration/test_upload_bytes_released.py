@@ -4,11 +4,13 @@ bytes were stored (the registry failing, a store whose locks cannot be taken) le
 
 from __future__ import annotations
 
+import logging
 import uuid
 from hashlib import sha256
 
 import pytest
 
+from shared import erasure
 from shared.errors import OutageError
 from shared.ingest import Ingestor
 from shared.registry import Registry
@@ -45,3 +47,29 @@ def test_an_upload_that_wrote_no_record_leaves_no_bytes(
     assert not services.blobs.exists(sha256(content).hexdigest())
     doc = registry.require_doc(kb.tenant_id, kb.kb_id, live.doc_id).doc
     assert services.blobs.exists(doc.content_hash)  # a live record's bytes stay
+
+
+def test_bytes_that_cannot_be_released_in_an_outage_are_one_log_line_without_a_traceback(
+    services: Services, registry: Registry, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The store or registry outage that failed the upload usually fails the release too, and was
+    logged where it was met: a chained traceback beside it told the operator nothing more."""
+    kb = new_kb(registry, pii_policy="off")
+    ingestor = Ingestor(services.settings, registry, services.blobs, services.sender, services.redis)
+    content = f"Bytes that stay: {uuid.uuid4().hex}".encode()
+
+    def store_out(*_: object, **__: object) -> None:
+        raise OutageError("the blob store cannot be written")
+
+    with monkeypatch.context() as patch:
+        _failing_writes(registry, patch)
+        patch.setattr(erasure, "release_blob", store_out)
+        with caplog.at_level(logging.WARNING, logger="shared.ingest"), pytest.raises(OutageError):
+            ingestor.submit(kb.tenant_id, kb.kb_id, content, filename="stays.txt")
+
+    stays = [r for r in caplog.records if "of a failed upload stay" in r.getMessage()]
+    assert len(stays) == 1
+    assert stays[0].exc_info is None
+    assert "the blob store cannot be written" in stays[0].getMessage()
+    assert services.blobs.exists(sha256(content).hexdigest())  # stays: a retry stores it again
+    erasure.release_blob(registry, services.blobs, sha256(content).hexdigest())
