@@ -25,6 +25,7 @@ from shared.search.schema import chunks_alias
 from shared.wiring import build_services
 
 RAW_SAMPLE, RAW_SAMPLE_QUICK = 2000, 400  # chunk texts the raw model encodes: minutes, not the whole corpus
+MERGE_WAIT_S = 120.0  # the longest a measurement waits for OpenSearch's merges to end
 
 
 def percentile(values: list[float], q: float) -> float:
@@ -184,6 +185,16 @@ class Bench:
         """The physical chunk index that holds `kb`."""
         tenant = chunk_index.kb_tenant(self.client, self.settings, kb)
         return resolve(self.client, self.settings, [(tenant, kb)])[(tenant, kb)].index
+
+    def await_merges(self, index: str, timeout_s: float = MERGE_WAIT_S) -> None:
+        """Once `index` runs no merge (or `timeout_s` has passed): what a load wrote is then
+        merged, and a baseline measured next does not share the cores with it."""
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            stats = self.client.indices.stats(index=index, metric="merge")
+            if not stats["_all"]["total"]["merges"]["current"]:
+                return
+            time.sleep(0.5)
 
     def index_size(self, kb: str) -> dict[str, Any]:
         """The bytes a chunk of the index that holds `kb`, force-merged, in all and by part."""

@@ -1,5 +1,5 @@
-"""The whole corpus loaded with PII off, after a warm-up, against the raw model in as many processes
-run between the load's parts."""
+"""The whole corpus loaded with PII off, after a warm-up, in parts, with the raw model in as many
+processes after each part."""
 
 from __future__ import annotations
 
@@ -76,43 +76,66 @@ def _new_texts(texts: list[str], before: Counter[str]) -> list[str]:
 
 
 def _together(slices: list[dict[str, Any]]) -> dict[str, Any]:
-    """The raw model's slices as one run: their chunks, seconds and CPU summed, and each slice's
-    CPU a chunk, which shows how far the machine's speed moved during the load."""
-    chunks, seconds = sum(s["chunks"] for s in slices), sum(s["seconds"] for s in slices)
+    """The raw model's slices as one baseline, each weighted by the chunks its part added (as the
+    load's CPU a chunk weighs them), not by its sample's size; and each slice's own figures, which
+    show how far the machine's speed moved during the load."""
+    added = sum(s["part_chunks"] for s in slices)
     return {
         "processes": slices[0]["processes"],
-        "chunks": chunks,
-        "seconds": round(seconds, 2),
-        "chunks_per_s": round(chunks / seconds, 2),
-        "cpu_ms_per_chunk": round(sum(s["cpu_ms_per_chunk"] * s["chunks"] for s in slices) / chunks, 2),
+        "chunks": sum(s["chunks"] for s in slices),
+        "seconds": round(sum(s["seconds"] for s in slices), 2),
+        "chunks_per_s": round(added / sum(s["part_chunks"] / s["chunks_per_s"] for s in slices), 2),
+        "cpu_ms_per_chunk": round(sum(s["cpu_ms_per_chunk"] * s["part_chunks"] for s in slices) / added, 2),
         "slices_cpu_ms_per_chunk": [s["cpu_ms_per_chunk"] for s in slices],
+        "slices": [
+            {key: s[key] for key in ("part_chunks", "chunks", "chunks_per_s", "cpu_ms_per_chunk")}
+            for s in slices
+        ],
     }
+
+
+def _summed(windows: list[dict[str, float]]) -> dict[str, float]:
+    return {name: round(sum(w.get(name, 0.0) for w in windows), 1) for name in windows[0]}
 
 
 def load_beside_raw_model(
     bench: Bench, kb: str, files: list[tuple[Path, str]], workers: int
 ) -> tuple[dict[str, Any], dict[str, Any], list[str]]:
     """The load in parts, each followed by the raw model on an even sample of that part's chunk
-    texts; returns the load, the raw model and its texts.
+    texts; returns the load (with the services' CPU seconds), the raw model and its texts.
 
     This machine's speed drifts within minutes by more than the CPU targets' margins: one raw
     model run after a load of nine minutes measured the machine of that minute, not the load's.
-    Slices after each part sample it across the load's own minutes. The services' CPU counts from
-    the first part's submit to the last part's last document, the pauses between parts included.
+    Slices after each part sample it across the load's own minutes. The services' CPU counts over
+    each part, from its first submit until OpenSearch has merged what it wrote; not over the
+    bench's reads of the part's texts, nor while the raw model runs, which waits for OpenSearch's
+    merges so as not to share the cores with them.
     """
     parts = PARTS_QUICK if bench.quick else PARTS
     size = -(-len(files) // parts)
     loads: list[dict[str, Any]] = []
+    windows: list[dict[str, float]] = []
     slices: list[dict[str, Any]] = []
     sample: list[str] = []
     loaded: Counter[str] = Counter()
+    index = None
     for first in range(0, len(files), size):
-        loads.append(bench.ingest(kb, files[first : first + size]))
+        with CpuMeter(bench.settings) as cpu:
+            loads.append(bench.ingest(kb, files[first : first + size]))
+            index = index or bench.index_of(kb)
+            bench.await_merges(index)
+        windows.append(cpu.summary())
         texts = bench.chunk_texts(kb)
-        part = bench.raw_sample(_new_texts(texts, loaded), parts)
+        added = _new_texts(texts, loaded)
         loaded = Counter(texts)
-        slices.append(bench.raw_model_on(part, workers))
+        if not added:
+            continue  # a part whose documents all failed adds nothing to weigh
+        part = bench.raw_sample(added, parts)
+        bench.await_merges(index)  # the read above refreshed the index
+        slices.append(bench.raw_model_on(part, workers) | {"part_chunks": len(added)})
         sample += part
+    if not slices:
+        raise SystemExit("bench: the measured load stored no chunks")
     seconds, chunks = sum(run["seconds"] for run in loads), loads[-1]["chunks"]
     run = {
         "documents": len(files),
@@ -123,6 +146,7 @@ def load_beside_raw_model(
         "chunks_per_s": round(chunks / seconds, 2),
         "outcomes": dict(sum((Counter(r["outcomes"]) for r in loads), Counter())),
         "statuses": dict(sum((Counter(r["statuses"]) for r in loads), Counter())),
+        "cpu_seconds": _summed(windows),
     }
     return run, _together(slices), sample
 
@@ -137,9 +161,8 @@ def ingest_figures(
         warm_opensearch(bench, files[: WARMUP_QUICK if bench.quick else WARMUP])
     bench.say(f"ingest, PII off: {len(files)} documents, {workers} worker processes")
     kb_off = bench.kb("off", "off")
-    with RssSampler(bench.settings) as rss, CpuMeter(bench.settings) as cpu:
+    with RssSampler(bench.settings) as rss:
         off, raw, bench.raw_texts = load_beside_raw_model(bench, kb_off, files, workers)
-    off["cpu_seconds"] = cpu.summary()
     bench.say(
         f"raw model: {raw['chunks_per_s']} chunks/s on {raw['chunks']} chunk texts, in "
         f"{len(raw['slices_cpu_ms_per_chunk'])} slices"

@@ -5,8 +5,6 @@ from __future__ import annotations
 
 from collections import Counter
 
-import pytest
-
 from bench.phases.ingest import _new_texts, _together
 from bench.report import raw_slices
 
@@ -21,17 +19,34 @@ def test_the_first_part_s_texts_are_all_of_them() -> None:
     assert _new_texts(["x", "x"], Counter()) == ["x", "x"]
 
 
-def test_slices_together_weigh_each_by_its_chunks() -> None:
+def test_slices_together_weigh_each_by_the_chunks_its_part_added() -> None:
+    # Samples of about the same size whatever a part's size: weighed by the sample, the small
+    # part's slice would count as much as the large one's.
     slices = [
-        {"processes": 2, "chunks": 500, "seconds": 10.0, "cpu_ms_per_chunk": 40.0},
-        {"processes": 2, "chunks": 300, "seconds": 9.0, "cpu_ms_per_chunk": 60.0},
+        {
+            "processes": 2,
+            "part_chunks": 3000,
+            "chunks": 500,
+            "seconds": 10.0,
+            "chunks_per_s": 50.0,
+            "cpu_ms_per_chunk": 40.0,
+        },
+        {
+            "processes": 2,
+            "part_chunks": 1000,
+            "chunks": 500,
+            "seconds": 20.0,
+            "chunks_per_s": 25.0,
+            "cpu_ms_per_chunk": 80.0,
+        },
     ]
     raw = _together(slices)
-    assert raw["chunks"] == 800
-    assert raw["seconds"] == 19.0
-    assert raw["chunks_per_s"] == pytest.approx(42.11)
-    assert raw["cpu_ms_per_chunk"] == 47.5  # (500 * 40 + 300 * 60) / 800, not the slices' mean 50
-    assert raw["slices_cpu_ms_per_chunk"] == [40.0, 60.0]
+    assert raw["cpu_ms_per_chunk"] == 50.0  # (3000 * 40 + 1000 * 80) / 4000, not the samples' 60
+    assert raw["chunks_per_s"] == 40.0  # 4000 chunks in 3000 / 50 + 1000 / 25 = 100 s
+    assert raw["chunks"] == 1000  # the texts it encoded
+    assert raw["seconds"] == 30.0
+    assert raw["slices_cpu_ms_per_chunk"] == [40.0, 80.0]
+    assert [s["part_chunks"] for s in raw["slices"]] == [3000, 1000]
     assert raw["processes"] == 2
 
 
