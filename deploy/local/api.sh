@@ -49,6 +49,8 @@ start() {
     fi
     return 0
   fi
+  # Another server answering there would pass the health check for this one, which cannot bind.
+  healthy && die "api: $URL already answers, not as this state dir's API; stop it or set RAGLINE_API__PORT"
   if [ -z "${RAGLINE_AUTH__API_KEYS:-}${RAGLINE_AUTH__KEYS_FILE:-}${RAGLINE_AUTH__ALLOW_ANONYMOUS:-}" ]; then
     dev_key
     export RAGLINE_AUTH__KEYS_FILE=$KEYS

@@ -67,9 +67,11 @@ def test_bytes_that_cannot_be_released_in_an_outage_are_one_log_line_without_a_t
         with caplog.at_level(logging.WARNING, logger="shared.ingest"), pytest.raises(OutageError):
             ingestor.submit(kb.tenant_id, kb.kb_id, content, filename="stays.txt")
 
-    stays = [r for r in caplog.records if "of a failed upload stay" in r.getMessage()]
-    assert len(stays) == 1
-    assert stays[0].exc_info is None
-    assert "the blob store cannot be written" in stays[0].getMessage()
-    assert services.blobs.exists(sha256(content).hexdigest())  # stays: a retry stores it again
-    erasure.release_blob(registry, services.blobs, sha256(content).hexdigest())
+    try:
+        stays = [r for r in caplog.records if "of a failed upload stay" in r.getMessage()]
+        assert len(stays) == 1
+        assert stays[0].exc_info is None
+        assert "the blob store cannot be written" in stays[0].getMessage()
+        assert services.blobs.exists(sha256(content).hexdigest())  # stays: a retry stores it again
+    finally:
+        erasure.release_blob(registry, services.blobs, sha256(content).hexdigest())

@@ -6,6 +6,8 @@ from __future__ import annotations
 import os
 import socket
 import subprocess
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
@@ -17,23 +19,57 @@ def _free_port() -> int:
         return int(probe.getsockname()[1])
 
 
+def _env(tmp_path: Path, port: int, **extra: str) -> dict[str, str]:
+    """This machine's environment without its Ragline settings (the venv's place kept)."""
+    clean = {k: v for k, v in os.environ.items() if not k.startswith("RAGLINE_") or k == "RAGLINE_VENV"}
+    return {**clean, "RAGLINE_STATE_DIR": str(tmp_path / "state"), "RAGLINE_API__PORT": str(port), **extra}
+
+
+def _start(env: dict[str, str]) -> subprocess.CompletedProcess[str]:
+    """`api.sh start`, then `stop`: an API that started after all is not left running."""
+    script = REPO / "deploy/local/api.sh"
+    try:
+        return subprocess.run(
+            ["bash", str(script), "start"],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=90,  # under the script's own 120 s: waiting those out is a failure
+            check=False,
+        )
+    finally:
+        subprocess.run(["bash", str(script), "stop"], env=env, capture_output=True, check=False)
+
+
 def test_an_api_refusing_its_configuration_fails_the_start_at_once(tmp_path: Path) -> None:
-    clean = {k: v for k, v in os.environ.items() if not k.startswith("RAGLINE_")}
-    env = {
-        **clean,
-        "RAGLINE_STATE_DIR": str(tmp_path / "state"),
-        "RAGLINE_API__PORT": str(_free_port()),
-        "RAGLINE_CELERY__WORKER_CONCURRENCY": "many",  # not a number: the settings refuse it
-    }
-    started = subprocess.run(
-        ["bash", str(REPO / "deploy/local/api.sh"), "start"],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=90,  # under the script's own 120 s: waiting those out is the failure
-        check=False,
-    )
+    # Not a number: the settings refuse it.
+    env = _env(tmp_path, _free_port(), RAGLINE_CELERY__WORKER_CONCURRENCY="many")
+    started = _start(env)
     assert started.returncode != 0
     assert "api exited while starting" in started.stderr, started.stderr
     assert "RAGLINE_CELERY__WORKER_CONCURRENCY" in started.stderr  # the log tail names the setting
+    assert not (tmp_path / "state" / "api.pid").exists()
+
+
+class _Healthy(BaseHTTPRequestHandler):
+    def do_GET(self) -> None:
+        self.send_response(200)
+        self.end_headers()
+
+    def log_message(self, *_: object) -> None:
+        pass
+
+
+def test_a_port_another_server_answers_on_is_refused_not_taken_for_this_api(tmp_path: Path) -> None:
+    """The new API cannot bind there, but the other server passed its health check: the start
+    said "listening" while its own process was dying."""
+    other = ThreadingHTTPServer(("127.0.0.1", 0), _Healthy)
+    threading.Thread(target=other.serve_forever, daemon=True).start()
+    env = _env(tmp_path, other.server_port)
+    try:
+        started = _start(env)
+    finally:
+        other.shutdown()
+    assert started.returncode != 0
+    assert "already answers, not as this state dir's API" in started.stderr, started.stderr
     assert not (tmp_path / "state" / "api.pid").exists()
