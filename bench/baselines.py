@@ -51,7 +51,10 @@ def restart_worker(
     if hosts > 1:
         started["RAGLINE_WORKERS"] = " ".join(names)
     for action in ("down", "up"):  # down stops every worker*.pid, a simulated host's too
-        subprocess.run(["bash", str(STACK), action, "worker"], check=True, env=started, capture_output=True)
+        command = ["bash", str(STACK), action, "worker"]
+        done = subprocess.run(command, check=False, env=started, capture_output=True, text=True)
+        if done.returncode:
+            raise SystemExit(f"bench: `stack.sh {action} worker` failed:\n{done.stdout}{done.stderr}")
     logs = [settings.state_dir / "logs" / f"{name}.log" for name in names]  # emptied by each start
     deadline = time.monotonic() + timeout_s
     while any(log.read_text(errors="replace").count("workers.warmup") < concurrency for log in logs):

@@ -99,17 +99,18 @@ def only_ingest(settings: Settings, server: str, api_key: str, quick: bool) -> P
     bench = Bench(settings, server, api_key, quick, Console())
     corpus, _, _ = manbench(_cache())
     docs = corpus[:CORPUS_QUICK] if quick else corpus
+    path = _results() / f"{bench.stamp}-ingest.json"
     try:
         with bench.phase("ingest"):
             ingest_figures(bench, docs, os.cpu_count() or 1)
+        # Written before the worker's restart, which a failure must not take the figures with.
+        path.write_text(json.dumps(bench.results, indent=2))
+        ingest = bench.results["ingest"]
+        raw = ingest["raw_model"]
+        baseline = f"raw model CPU ms a chunk: {raw['cpu_ms_per_chunk']}{raw_slices(raw)}"
+        path.with_suffix(".md").write_text("\n".join([*cpu_targets(ingest), "", baseline]) + "\n")
     finally:
         restart_worker(settings, settings.celery.worker_concurrency)
-    path = _results() / f"{bench.stamp}-ingest.json"
-    path.write_text(json.dumps(bench.results, indent=2))
-    ingest = bench.results["ingest"]
-    raw = ingest["raw_model"]
-    baseline = f"raw model CPU ms a chunk: {raw['cpu_ms_per_chunk']}{raw_slices(raw)}"
-    path.with_suffix(".md").write_text("\n".join([*cpu_targets(ingest), "", baseline]) + "\n")
     bench.drop_kbs()
     shutil.rmtree(bench.work, ignore_errors=True)
     bench.console.print(f"bench: wrote {path} and {path.with_suffix('.md')}")
