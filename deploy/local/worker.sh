@@ -53,6 +53,7 @@ start() {
   port=$(metrics_port)
   (cd "$REPO_ROOT" && RAGLINE_METRICS__WORKER_PORT=$port exec setsid "$VENV/bin/ragline" worker \
     --name "$NAME" --pidfile "$PIDFILE" ${QUEUES:+--queues "$QUEUES"}) >>"$LOG" 2>&1 </dev/null &
+  LAUNCHED=$!
   if ! await_worker 180 ready "starting"; then
     tail -n 40 "$LOG" >&2 2>/dev/null || true
     die "$NAME did not become healthy within 180s; see $LOG"
@@ -71,10 +72,15 @@ start() {
 }
 
 # Whether the worker's process is gone: its pid file names a dead process, or, before Celery
-# writes it, no process runs its command line (a configuration refused, an import failed).
+# writes it, the process started here has ended (a configuration refused, an import failed) and no
+# process runs its command line. That process becomes Celery (setsid and `ragline worker` exec);
+# the command line is only asked where setsid forked, in a shell with job control: read alone, it
+# took a starting worker for gone now and then, which failed a start (and CI) with the worker up.
 gone() {
   if [ -s "$PIDFILE" ]; then
     ! pid_running "$PIDFILE"
+  elif kill -0 "$LAUNCHED" 2>/dev/null && ! zombie "$LAUNCHED"; then
+    return 1
   else
     ! pgrep -f -- "--pidfile[= ]$PIDFILE( |\$)" >/dev/null # before and after it execs Celery
   fi
