@@ -20,7 +20,8 @@ WARMUP, WARMUP_QUICK = 100, 12
 # compiler takes at most this share of OpenSearch's CPU in a round (or the rounds run out).
 SETTLED_JIT_SHARE = 0.25
 WARM_ROUNDS, WARM_ROUNDS_QUICK = 16, 2
-# The measured load goes in this many parts, the raw model's slices between them.
+# Parts of the measured load: the raw model runs after each, so its baseline follows the machine's
+# speed through the load rather than in one minute after it.
 PARTS, PARTS_QUICK = 4, 2
 
 
