@@ -186,15 +186,10 @@ class Bench:
         tenant = chunk_index.kb_tenant(self.client, self.settings, kb)
         return resolve(self.client, self.settings, [(tenant, kb)])[(tenant, kb)].index
 
-    def await_merges(self, index: str, timeout_s: float = MERGE_WAIT_S) -> None:
-        """Once `index` runs no merge (or `timeout_s` has passed): what a load wrote is then
-        merged, and a baseline measured next does not share the cores with it."""
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
-            stats = self.client.indices.stats(index=index, metric="merge")
-            if not stats["_all"]["total"]["merges"]["current"]:
-                return
-            time.sleep(0.5)
+    def await_merges(self, index: str, timeout_s: float = MERGE_WAIT_S) -> bool:
+        """Once `index` runs no merge (or `timeout_s` has passed): a baseline measured next does
+        not share the cores with what the load wrote."""
+        return chunk_index.await_merges(self.client, index, timeout_s)
 
     def index_size(self, kb: str) -> dict[str, Any]:
         """The bytes a chunk of the index that holds `kb`, force-merged, in all and by part."""

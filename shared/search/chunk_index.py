@@ -305,6 +305,19 @@ def merged_parts(client: OpenSearch, index: str) -> dict[str, Any]:
     }
 
 
+def await_merges(client: OpenSearch, index: str, timeout_s: float) -> bool:
+    """Wait until `index` runs no merge; False when `timeout_s` passed first. What a load wrote
+    is then merged, so a measurement taken next does not share the cores with the merges."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        stats = client.indices.stats(index=index, metric="merge")
+        if not stats["_all"]["total"]["merges"]["current"]:
+            return True
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.5)
+
+
 def _count(client: OpenSearch, index: str, query: dict[str, Any]) -> int:
     return int(client.count(index=index, body={"query": query})["count"])
 
