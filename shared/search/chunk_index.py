@@ -305,15 +305,22 @@ def merged_parts(client: OpenSearch, index: str) -> dict[str, Any]:
     }
 
 
-def await_merges(client: OpenSearch, index: str, timeout_s: float) -> bool:
-    """Wait until `index` runs no merge; False when `timeout_s` passed first. What a load wrote
-    is then merged, so a measurement taken next does not share the cores with the merges."""
+def await_merges(client: OpenSearch, index: str, timeout_s: float, settle_s: float = 3.0) -> bool:
+    """Wait until `index` has run no merge for `settle_s` (or `timeout_s` has passed: False). What
+    a load wrote is then merged, so a measurement taken next does not share the cores with the
+    merges. One reading of none running is not enough: a refresh (every second) writes a segment
+    and its merge starts a moment later, so the count must stay at none, and the merges done stay
+    as many, across more than a refresh interval."""
     deadline = time.monotonic() + timeout_s
+    quiet_since, done = None, -1
     while True:
-        stats = client.indices.stats(index=index, metric="merge")
-        if not stats["_all"]["total"]["merges"]["current"]:
+        merges = client.indices.stats(index=index, metric="merge")["_all"]["total"]["merges"]
+        now = time.monotonic()
+        if merges["current"] or merges["total"] != done:
+            quiet_since, done = None if merges["current"] else now, merges["total"]
+        elif quiet_since is not None and now - quiet_since >= settle_s:
             return True
-        if time.monotonic() > deadline:
+        if now > deadline:
             return False
         time.sleep(0.5)
 
