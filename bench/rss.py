@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
 import statistics
 import threading
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -23,7 +25,7 @@ class RssSampler:
     def __init__(self, settings: Settings) -> None:
         self.pids = {name: settings.state_dir / f"{name}.pid" for name in ("worker", "api")}
         self.samples: dict[str, list[float]] = {"worker": [], "api": [], "sandbox": []}
-        self._stop = threading.Event()
+        self._stop, self._paused = threading.Event(), threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
 
     def _rss_mb(self, pidfile: Path) -> tuple[float, float]:
@@ -39,6 +41,8 @@ class RssSampler:
 
     def _run(self) -> None:
         while not self._stop.wait(1.0):
+            if self._paused.is_set():
+                continue
             for name, pidfile in self.pids.items():
                 own, sandboxes = self._rss_mb(pidfile)
                 self.samples[name].append(own)
@@ -52,6 +56,15 @@ class RssSampler:
     def __exit__(self, *_: object) -> None:
         self._stop.set()
         self._thread.join()
+
+    @contextlib.contextmanager
+    def paused(self) -> Iterator[None]:
+        """No samples while the block runs: the bench's own work between a load's parts."""
+        self._paused.set()
+        try:
+            yield
+        finally:
+            self._paused.clear()
 
     def summary(self) -> dict[str, Any]:
         out: dict[str, Any] = {}

@@ -56,9 +56,6 @@ class Bench:
         self.stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ")
         self.work = settings.state_dir / "bench" / self.stamp
         self.created: list[str] = []
-        # The chunk texts the raw fp32 model encoded in the ingest phase: other raw models encode
-        # the same ones.
-        self.raw_texts: list[str] = []
         self.results: dict[str, Any] = {
             "stamp": self.stamp,
             "quick": quick,
@@ -144,10 +141,11 @@ class Bench:
             if not cursor:
                 return docs
 
-    def chunk_texts(self, kb: str) -> list[str]:
-        """The texts the pipeline embedded for `kb` (context header included), as stored."""
+    def chunk_texts(self, kb: str, *, required: bool = True) -> list[str]:
+        """The texts the pipeline embedded for `kb` (context header included), as stored; none
+        is an error when `required`."""
         texts = chunk_index.kb_chunk_texts(self.client, self.settings, kb)
-        if not texts:
+        if required and not texts:
             raise SystemExit(f"bench: no chunks of {kb} found in {chunks_alias(self.settings)}")
         return texts
 

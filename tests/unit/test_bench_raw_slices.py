@@ -5,18 +5,18 @@ from __future__ import annotations
 
 from collections import Counter
 
-from bench.phases.ingest import _new_texts, _together
-from bench.report import raw_slices
+from bench.phases.sliced_load import new_texts, summed, together
+from bench.report import raw_sample, raw_slices
 
 
 def test_a_part_s_texts_are_those_it_added_repeated_texts_included() -> None:
     before = Counter(["a", "b", "b"])
     after = ["b", "c", "a", "b", "b", "d"]  # another document added one more "b"
-    assert _new_texts(after, before) == ["c", "b", "d"]
+    assert new_texts(after, before) == ["c", "b", "d"]
 
 
 def test_the_first_part_s_texts_are_all_of_them() -> None:
-    assert _new_texts(["x", "x"], Counter()) == ["x", "x"]
+    assert new_texts(["x", "x"], Counter()) == ["x", "x"]
 
 
 def test_slices_together_weigh_each_by_the_chunks_its_part_added() -> None:
@@ -40,7 +40,7 @@ def test_slices_together_weigh_each_by_the_chunks_its_part_added() -> None:
             "cpu_ms_per_chunk": 80.0,
         },
     ]
-    raw = _together(slices)
+    raw = together(slices)
     assert raw["cpu_ms_per_chunk"] == 50.0  # (3000 * 40 + 1000 * 80) / 4000, not the samples' 60
     assert raw["chunks_per_s"] == 40.0  # 4000 chunks in 3000 / 50 + 1000 / 25 = 100 s
     assert raw["chunks"] == 1000  # the texts it encoded
@@ -55,3 +55,17 @@ def test_the_report_names_each_slice_and_nothing_for_one_run() -> None:
         " (by slice between the load's parts: 40.0, 60.0)"
     )
     assert raw_slices({"cpu_ms_per_chunk": 45.0}) == ""
+
+
+def test_cpu_seconds_add_up_over_the_parts_and_a_figure_some_part_lacks_is_left_out() -> None:
+    windows = [
+        {"worker": 10.0, "worker_model": 9.0, "wall_s": 5.0},
+        {"worker": 20.0, "opensearch": 3.0, "wall_s": 7.0},  # the model's figure unread here
+    ]
+    assert summed(windows) == {"wall_s": 12.0, "worker": 30.0}
+
+
+def test_the_raw_row_of_slices_weighted_by_part_says_so() -> None:
+    assert "2 slices" in raw_sample({"slices": [{}, {}]})
+    assert "weighted" in raw_sample({"slices": [{}, {}]})
+    assert raw_sample({"chunks": 500}) == "sample of the same chunk texts"
