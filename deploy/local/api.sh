@@ -40,6 +40,23 @@ PY
 
 healthy() { curl -sf --max-time 2 "$URL/healthz" >/dev/null; }
 
+# Whether the API answering is the one this script started: a server that took the port between
+# the check in `start` and this one's bind would answer the health check while this one exits.
+listens_here() {
+  healthy && "$VENV/bin/python" - "$(cat "$PIDFILE" 2>/dev/null)" "$PORT" <<'PY'
+import sys
+
+import psutil
+
+pid, port = sys.argv[1], int(sys.argv[2])
+try:
+    sockets = psutil.Process(int(pid)).net_connections("tcp") if pid else []
+except psutil.Error:
+    sockets = []
+sys.exit(0 if any(s.status == psutil.CONN_LISTEN and s.laddr.port == port for s in sockets) else 1)
+PY
+}
+
 start() {
   require_ragline
   if pid_running "$PIDFILE"; then
@@ -59,7 +76,7 @@ start() {
   (cd "$REPO_ROOT" && exec setsid "$VENV/bin/ragline" serve --host 127.0.0.1 --port "$PORT") \
     >>"$LOG" 2>&1 </dev/null &
   echo $! >"$PIDFILE"
-  wait_until --pid "$PIDFILE" 120 api "$LOG" healthy
+  wait_until --pid "$PIDFILE" 120 api "$LOG" listens_here
   say "api: listening on $URL (REST /v1, OpenAPI $URL/docs, MCP $URL/mcp; log $LOG)"
 }
 

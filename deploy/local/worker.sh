@@ -53,9 +53,10 @@ start() {
   port=$(metrics_port)
   (cd "$REPO_ROOT" && RAGLINE_METRICS__WORKER_PORT=$port exec setsid "$VENV/bin/ragline" worker \
     --name "$NAME" --pidfile "$PIDFILE" ${QUEUES:+--queues "$QUEUES"}) >>"$LOG" 2>&1 </dev/null &
-  LAUNCHED=$!
+  LAUNCHED=$! LEADS=""
   if ! await_worker 180 ready "starting"; then
     tail -n 40 "$LOG" >&2 2>/dev/null || true
+    abandon
     die "$NAME did not become healthy within 180s; see $LOG"
   fi
   local metrics="metrics off"
@@ -76,13 +77,29 @@ start() {
 # process runs its command line. That process becomes Celery (setsid and `ragline worker` exec);
 # the command line is only asked where setsid forked, in a shell with job control: read alone, it
 # took a starting worker for gone now and then, which failed a start (and CI) with the worker up.
+# Once the process started here was seen to lead its own session, setsid did not fork: its end is
+# the worker's, and a process of the same command line is another run's.
 gone() {
   if [ -s "$PIDFILE" ]; then
     ! pid_running "$PIDFILE"
   elif kill -0 "$LAUNCHED" 2>/dev/null && ! zombie "$LAUNCHED"; then
+    [ -n "$LEADS" ] || [ "$(ps -o sid= -p "$LAUNCHED" 2>/dev/null | tr -d ' ')" != "$LAUNCHED" ] || LEADS=1
     return 1
+  elif [ -n "$LEADS" ]; then
+    return 0
   else
     ! pgrep -f -- "--pidfile[= ]$PIDFILE( |\$)" >/dev/null # before and after it execs Celery
+  fi
+}
+
+# A start that failed before Celery wrote its pid file stops what it launched, which `stop`
+# could not find; with the pid file written, `stop` finds it.
+abandon() {
+  [ -s "$PIDFILE" ] && return 0
+  if [ -n "$LEADS" ]; then
+    kill -TERM -- "-$LAUNCHED" 2>/dev/null || true
+  else
+    kill -TERM "$LAUNCHED" 2>/dev/null || true
   fi
 }
 

@@ -73,3 +73,28 @@ def test_a_port_another_server_answers_on_is_refused_not_taken_for_this_api(tmp_
     assert started.returncode != 0
     assert "already answers, not as this state dir's API" in started.stderr, started.stderr
     assert not (tmp_path / "state" / "api.pid").exists()
+
+
+def _listens_here(env: dict[str, str], pid: int) -> int:
+    """`api.sh`'s own check that the server answering is the one its pid file names."""
+    state = Path(env["RAGLINE_STATE_DIR"])
+    state.mkdir(parents=True, exist_ok=True)
+    (state / "api.pid").write_text(f"{pid}\n")
+    script = REPO / "deploy/local/api.sh"
+    return subprocess.run(["bash", str(script), "listens_here"], env=env, timeout=30, check=False).returncode
+
+
+def test_the_health_check_counts_only_the_server_this_start_launched(tmp_path: Path) -> None:
+    """A server that takes the port between `start`'s check and the API's bind answers the health
+    check while the API dies of the taken port: the start must not take it for the API."""
+    other = ThreadingHTTPServer(("127.0.0.1", 0), _Healthy)
+    threading.Thread(target=other.serve_forever, daemon=True).start()
+    env = _env(tmp_path, other.server_port)
+    bystander = subprocess.Popen(["sleep", "30"])
+    try:
+        assert _listens_here(env, bystander.pid) == 1  # answered, but not by the process started
+        assert _listens_here(env, os.getpid()) == 0  # this process holds the listening socket
+    finally:
+        bystander.kill()
+        bystander.wait()
+        other.shutdown()
