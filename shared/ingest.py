@@ -21,6 +21,7 @@ from typing import Any
 
 import redis
 from celery import Celery
+from opensearchpy.exceptions import TransportError
 
 from shared import erasure, fairqueue, tracing
 from shared.admission import Admission, Admitter
@@ -270,7 +271,7 @@ class Ingestor:
         the client's retry of the same content stores them again as the same blob."""
         try:
             erasure.release_blob(self.registry, self.blobs, sha256)
-        except TransientError as error:  # the store or the registry is out: logged where it was met
+        except (TransientError, TransportError) as error:  # the store, its locks or OpenSearch is out
             log.warning("the bytes %s of a failed upload stay in the blob store: %s", sha256, error)
         except Exception:  # the upload's own failure is what the caller hears
             log.warning("the bytes %s of a failed upload stay in the blob store", sha256, exc_info=True)
