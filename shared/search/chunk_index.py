@@ -217,19 +217,24 @@ def kb_chunk_pages(
 # the bench's figures (bench/): the stored chunks and the index as the service left them
 
 
+def _every_chunk_index(settings: Settings) -> str:
+    """The shared chunk indexes and those of KBs on a model of their own (not under the alias)."""
+    return f"{chunks_alias(settings)}*"
+
+
 def kb_tenant(client: OpenSearch, settings: Settings, kb_id: str) -> str:
     """The tenant of a chunk of `kb_id` (the bench knows its KB by id only)."""
     one = {"size": 1, "_source": ["tenant_id"], "query": {"term": {"kb_id": kb_id}}}
-    response = client.search(index=chunks_alias(settings), body=one)
+    response = client.search(index=_every_chunk_index(settings), body=one)
     return str(response["hits"]["hits"][0]["_source"]["tenant_id"])
 
 
 def kb_chunk_texts(client: OpenSearch, settings: Settings, kb_id: str) -> list[str]:
     """The texts the pipeline embedded for `kb_id`'s chunks (context header included), as stored."""
     texts: list[str] = []
-    client.indices.refresh(index=chunks_alias(settings))
+    client.indices.refresh(index=_every_chunk_index(settings))
     response = client.search(
-        index=chunks_alias(settings),
+        index=_every_chunk_index(settings),
         scroll="2m",
         body={"size": 1000, "query": {"term": {"kb_id": kb_id}}, "_source": ["text", "context"]},
     )

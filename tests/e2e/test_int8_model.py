@@ -23,6 +23,7 @@ from opensearchpy import OpenSearch
 
 from shared.config import Settings
 from shared.embedding import INT8_MODELS, embedded_text, encoder, for_model
+from shared.search import chunk_index
 from shared.search.client import build_client
 from shared.search.placement import kb_alias, kb_index_pattern, kb_scope, resolve
 from shared.search.schema import chunks_index
@@ -151,6 +152,12 @@ def test_a_kb_created_on_int8_has_its_own_index_and_int8_queries(server: Server,
         _check_query_vectors(
             api, client, settings, tenant, {kb_int8: INT8, kb_fp32: settings.embedding.model}
         )
+        # The bench reads a KB's chunk texts by id, wherever its index: the int8 KB's is under
+        # no shared alias.
+        for kb in (kb_int8, kb_fp32):
+            assert chunk_index.kb_tenant(client, settings, kb) == tenant
+            texts = chunk_index.kb_chunk_texts(client, settings, kb)
+            assert sorted(texts) == sorted(embedded_text(c) for c in _chunks(client, settings, tenant, kb))
 
         # The CLI creates one the same way, ready for documents in an index of the model.
         kb_cli = f"kb-int8-cli-{suffix}"
