@@ -113,13 +113,18 @@ def cpu_targets(ingest: dict[str, Any]) -> list[str]:
     ]
 
 
-def raw_sample(raw: dict[str, Any]) -> str:
-    """What the raw model's row stands for. Slices weighted by part have a chunks/s that is not
-    their chunks over their seconds, so the row leaves the seconds out."""
+def raw_label(raw: dict[str, Any]) -> str:
+    """What the raw model's row stands for."""
     slices = raw.get("slices")
     if not slices:
         return "sample of the same chunk texts"
     return f"sample of the same chunk texts in {len(slices)} slices, chunks/s weighted by each part's chunks"
+
+
+def shown_seconds(figures: dict[str, Any]) -> Any:
+    """A row's seconds, left out for slices weighted by part, whose chunks/s is not their chunks
+    over their seconds."""
+    return "" if "slices" in figures else figures["seconds"]
 
 
 def raw_slices(raw: dict[str, Any]) -> str:
@@ -164,8 +169,8 @@ def int8_section(r: dict[str, Any]) -> list[str]:
     loads = f"whole corpus, {{}} KB, {ingest['workers']} worker processes"
 
     def row(label: str, figures: dict[str, Any], cpu: Any) -> str:
-        seconds = "" if "slices" in figures else figures["seconds"]  # see raw_sample
-        return f"| {label} | {figures['chunks']} | {seconds} | {figures['chunks_per_s']} | {cpu} |"
+        seconds, per_s = shown_seconds(figures), figures["chunks_per_s"]
+        return f"| {label} | {figures['chunks']} | {seconds} | {per_s} | {cpu} |"
 
     lines = [
         f"## int8 model ({int8['model']})",
@@ -373,8 +378,8 @@ def write_report(r: dict[str, Any], path: Path, plots: Path) -> None:
     lines += [
         f"| whole corpus, PII off, {ingest['workers']} worker processes | {off['documents']} | "
         f"{off['chunks']} | {off['seconds']} | {off['docs_per_s']} | {off['chunks_per_s']} |",
-        f"| raw model, {raw['processes']} processes, {raw_sample(raw)} | | {raw['chunks']} | "
-        f"{'' if 'slices' in raw else raw['seconds']} | | {raw['chunks_per_s']} |",
+        f"| raw model, {raw['processes']} processes, {raw_label(raw)} | | {raw['chunks']} | "
+        f"{shown_seconds(raw)} | | {raw['chunks_per_s']} |",
     ]
     for label, run in scale_curve(r).items():
         lines.append(

@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections import Counter
 
 from bench.phases.sliced_load import new_texts, summed, together
-from bench.report import raw_sample, raw_slices
+from bench.report import raw_label, raw_slices, shown_seconds
 
 
 def test_a_part_s_texts_are_those_it_added_repeated_texts_included() -> None:
@@ -65,7 +65,10 @@ def test_cpu_seconds_add_up_over_the_parts_and_a_figure_some_part_lacks_is_left_
     assert summed(windows) == {"wall_s": 12.0, "worker": 30.0}
 
 
-def test_the_raw_row_of_slices_weighted_by_part_says_so() -> None:
-    assert "2 slices" in raw_sample({"slices": [{}, {}]})
-    assert "weighted" in raw_sample({"slices": [{}, {}]})
-    assert raw_sample({"chunks": 500}) == "sample of the same chunk texts"
+def test_the_raw_row_of_slices_weighted_by_part_says_so_and_shows_no_seconds() -> None:
+    sliced = {"slices": [{}, {}], "seconds": 30.0}
+    assert "2 slices" in raw_label(sliced)
+    assert "weighted" in raw_label(sliced)
+    assert shown_seconds(sliced) == ""
+    assert raw_label({"chunks": 500}) == "sample of the same chunk texts"
+    assert shown_seconds({"chunks": 500, "seconds": 12.5}) == 12.5
