@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 import subprocess
 import time
+from dataclasses import dataclass
 
 import redis
 
@@ -19,6 +20,15 @@ from shared.embedding import for_model
 
 STACK = REPO_ROOT / "deploy" / "local" / "stack.sh"
 EMBED_CACHE = "ragline:emb:*"
+
+
+@dataclass(frozen=True)
+class Sample:
+    """The texts of one slice of the raw model's baseline, and the chunks the part of the load it
+    stands for added (its weight)."""
+
+    texts: list[str]
+    part_chunks: int
 
 
 def raw_model(

@@ -15,7 +15,7 @@ from typing import Any
 import psutil
 from rich.console import Console
 
-from bench.baselines import forget_embeddings, raw_model
+from bench.baselines import Sample, forget_embeddings, raw_model
 from client.bulk import load
 from client.http import ApiError, Remote
 from shared.config import Settings
@@ -56,6 +56,8 @@ class Bench:
         self.stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ")
         self.work = settings.state_dir / "bench" / self.stamp
         self.created: list[str] = []
+        # The raw fp32 model's slices of the ingest phase: other raw models encode the same texts.
+        self.raw_samples: list[Sample] = []
         self.results: dict[str, Any] = {
             "stamp": self.stamp,
             "quick": quick,

@@ -73,7 +73,7 @@ def ingest_figures(
     bench.say(f"ingest, PII off: {len(files)} documents, {workers} worker processes")
     kb_off = bench.kb("off", "off")
     with RssSampler(bench.settings) as rss:
-        off, raw = load_beside_raw_model(bench, kb_off, files, workers, rss=rss)
+        off, raw, bench.raw_samples = load_beside_raw_model(bench, kb_off, files, workers, rss=rss)
     bench.say(
         f"raw model: {raw['chunks_per_s']} chunks/s on {raw['chunks']} chunk texts, in "
         f"{len(raw['slices_cpu_ms_per_chunk'])} slices"

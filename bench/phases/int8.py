@@ -3,16 +3,17 @@ of the ingest phase (the goal: at or above it), its own raw model beside, and it
 beside the fp32 KB's.
 
 The load runs right after the fp32 one, with the same worker processes and a cold embedding cache,
-in parts as the fp32 load does, with the raw int8 model after each part on an even sample of the
-texts that part added: the same texts the raw fp32 model encoded, since both KBs chunk alike.
+in one piece: its goal is throughput, which parts would cut by a ramp and a drain each. The raw
+int8 model encodes each slice of the raw fp32 model's texts in turn, weighted as that slice is.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
 
+from bench.cpu import CpuMeter
 from bench.phases.quality import mode_figures
-from bench.phases.sliced_load import load_beside_raw_model
+from bench.phases.sliced_load import raw_slice, together
 from bench.session import Bench
 
 INT8_MODEL = "all-MiniLM-L6-v2-int8"
@@ -24,7 +25,15 @@ def int8_figures(bench: Bench, files: list[tuple[Path, str]], workers: int) -> s
     """Load the corpus into a KB on the int8 model; returns that KB (the quality phase reads it)."""
     bench.say(f"ingest on {INT8_MODEL}, PII off: {len(files)} documents, {workers} worker processes")
     kb = bench.kb("int8", "off", model=INT8_MODEL)
-    run, raw = load_beside_raw_model(bench, kb, files, workers, model=INT8_MODEL)
+    with CpuMeter(bench.settings) as cpu:
+        run = bench.ingest(kb, files)
+    run["cpu_seconds"] = cpu.summary()
+    run["cpu_ms_per_chunk"] = {
+        name: round(seconds / run["chunks"] * 1000, 2)
+        for name, seconds in run["cpu_seconds"].items()
+        if name != "wall_s"
+    }
+    raw = together([raw_slice(bench, sample, workers, INT8_MODEL) for sample in bench.raw_samples])
     bench.say(f"raw {INT8_MODEL}: {raw['chunks_per_s']} chunks/s on {raw['chunks']} chunk texts")
     fp32_raw = bench.results["ingest"]["raw_model"]
     bench.results["int8"] = {

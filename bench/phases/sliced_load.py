@@ -13,6 +13,7 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
+from bench.baselines import Sample
 from bench.cpu import CpuMeter
 from bench.rss import RssSampler
 from bench.session import Bench
@@ -20,6 +21,11 @@ from bench.session import Bench
 # Parts of the measured load: the raw model runs after each, so its baseline follows the machine's
 # speed through the load rather than in one minute after it.
 PARTS, PARTS_QUICK = 4, 2
+
+
+def raw_slice(bench: Bench, sample: Sample, workers: int, model: str | None = None) -> dict[str, Any]:
+    """The raw `model` (default: the configured one) on one slice's texts."""
+    return bench.raw_model_on(sample.texts, workers, model) | {"part_chunks": sample.part_chunks}
 
 
 def new_texts(texts: list[str], before: Counter[str]) -> list[str]:
@@ -71,12 +77,11 @@ def load_beside_raw_model(
     files: list[tuple[Path, str]],
     workers: int,
     *,
-    model: str | None = None,
     rss: RssSampler | None = None,
-) -> tuple[dict[str, Any], dict[str, Any]]:
-    """The load in parts, each followed by the raw `model` (default: the configured one) on an
-    even sample of the chunk texts that part added; returns the load (with the services' CPU
-    seconds) and the raw model.
+) -> tuple[dict[str, Any], dict[str, Any], list[Sample]]:
+    """The load in parts, each followed by the raw model on an even sample of the chunk texts that
+    part added; returns the load (with the services' CPU seconds), the raw model, and each
+    slice's texts with the chunks its part added (another model's raw run encodes the same).
 
     The services' CPU counts over each part, from its first submit until OpenSearch has merged
     what it wrote; not over the bench's reads of the part's texts, nor while the raw model runs,
@@ -89,6 +94,7 @@ def load_beside_raw_model(
     loads: list[dict[str, Any]] = []
     windows: list[dict[str, float]] = []
     slices: list[dict[str, Any]] = []
+    samples: list[Sample] = []
     loaded: Counter[str] = Counter()
     index, unsettled = None, 0
     for first in range(0, len(files), size):
@@ -103,10 +109,9 @@ def load_beside_raw_model(
             loaded = Counter(texts)
             if not added:
                 continue  # a part whose documents all failed adds nothing to weigh
-            # In text order, so that a load of the same files on another model samples the same texts.
-            part = bench.raw_sample(sorted(added), slices_planned)
+            samples.append(Sample(bench.raw_sample(added, slices_planned), len(added)))
             unsettled += not bench.await_merges(index)  # the read above refreshed the index
-            slices.append(bench.raw_model_on(part, workers, model) | {"part_chunks": len(added)})
+            slices.append(raw_slice(bench, samples[-1], workers))
     if not slices:
         raise SystemExit(f"bench: the measured load of {kb} stored no chunks")
     seconds, chunks = sum(run["seconds"] for run in loads), loads[-1]["chunks"]
@@ -127,4 +132,4 @@ def load_beside_raw_model(
     run["cpu_ms_per_chunk"] = {
         name: round(used / chunks * 1000, 2) for name, used in run["cpu_seconds"].items() if name != "wall_s"
     }
-    return run, together(slices)
+    return run, together(slices), samples
