@@ -10,6 +10,8 @@ PIDFILE=$STATE_DIR/api.pid
 LOG=$LOG_DIR/api.log
 KEYS=$STATE_DIR/api-keys.json
 URL=http://127.0.0.1:$PORT
+# The API's command line, or this script's own subshell before it execs the API.
+PID_MATCH="ragline serve --host 127\.0\.0\.1 --port $PORT( |\$)|api\.sh start"
 
 dev_key() {
   if [ ! -s "$KEYS" ]; then
@@ -40,10 +42,10 @@ PY
 
 healthy() { curl -sf --max-time 2 "$URL/healthz" >/dev/null; }
 
-# Whether the API answering is the one this script started: a server that took the port between
-# the check in `start` and this one's bind would answer the health check while this one exits.
+# listens_here PID: the API answering is PID's, the one this start launched: a server that took the
+# port between the check in `start` and this one's bind would answer while this one exits.
 listens_here() {
-  healthy && "$VENV/bin/python" - "$(cat "$PIDFILE" 2>/dev/null)" "$PORT" <<'PY'
+  healthy && "$VENV/bin/python" - "$1" "$PORT" <<'PY'
 import sys
 
 import psutil
@@ -57,8 +59,16 @@ sys.exit(0 if any(s.status == psutil.CONN_LISTEN and s.laddr.port == port for s 
 PY
 }
 
+# One start or stop at a time in a state dir: two starts at once both launched an API, and the pid
+# file named one of them (or one that had died).
+serialise() {
+  exec 9>"$STATE_DIR/api.lock"
+  flock -w 180 9 || die "api: another start or stop holds $STATE_DIR/api.lock"
+}
+
 start() {
   require_ragline
+  serialise
   if pid_running "$PIDFILE"; then
     say "api: already running on $URL (pid $(cat "$PIDFILE"))"
     if [ -z "${RAGLINE_AUTH__API_KEYS:-}${RAGLINE_AUTH__KEYS_FILE:-}${RAGLINE_AUTH__ALLOW_ANONYMOUS:-}" ]; then
@@ -74,13 +84,17 @@ start() {
   fi
   fresh_log "$LOG"
   (cd "$REPO_ROOT" && exec setsid "$VENV/bin/ragline" serve --host 127.0.0.1 --port "$PORT") \
-    >>"$LOG" 2>&1 </dev/null &
-  echo $! >"$PIDFILE"
-  wait_until --pid "$PIDFILE" 120 api "$LOG" listens_here
+    >>"$LOG" 2>&1 </dev/null 9>&- &
+  local launched=$!
+  echo "$launched" >"$PIDFILE"
+  wait_until --pid "$launched" 120 api "$LOG" listens_here "$launched"
   say "api: listening on $URL (REST /v1, OpenAPI $URL/docs, MCP $URL/mcp; log $LOG)"
 }
 
-stop() { stop_pidfile "$PIDFILE" api 20; }
+stop() {
+  serialise
+  stop_pidfile "$PIDFILE" api 20
+}
 
 status() {
   if pid_running "$PIDFILE" && healthy; then
@@ -91,4 +105,4 @@ status() {
   fi
 }
 
-"${1:?usage: api.sh start|stop|status}"
+"${1:?usage: api.sh start|stop|status}" "${@:2}"

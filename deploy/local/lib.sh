@@ -45,17 +45,25 @@ fresh_log() {
   : >"$1"
 }
 
-# pid_running PIDFILE: true when the file names a live process; removes a stale file.
+# pid_running PIDFILE: true when the file names a live process, one whose command line matches
+# $PID_MATCH where the script sets it (a pid file that outlived its process, across a reboot or a
+# crash, can name another program's, which `stop` would signal); removes a stale file.
 pid_running() {
   local pidfile=$1 pid
   [ -f "$pidfile" ] || return 1
   pid=$(cat "$pidfile" 2>/dev/null || true)
-  if [ -n "$pid" ] && kill -0 "$pid" 2>/dev/null && ! zombie "$pid"; then
+  if [ -n "$pid" ] && alive "$pid" && { [ -z "${PID_MATCH:-}" ] || ours "$pid"; }; then
     return 0
   fi
   rm -f "$pidfile"
   return 1
 }
+
+# alive PID: the process runs (kill -0 still finds a zombie).
+alive() { kill -0 "$1" 2>/dev/null && ! zombie "$1"; }
+
+# ours PID: its command line matches $PID_MATCH.
+ours() { ps -ww -o args= -p "$1" 2>/dev/null | grep -Eq -- "$PID_MATCH"; }
 
 # zombie PID: true for a process that died but is not reaped yet (kill -0 still finds it).
 zombie() {
@@ -89,13 +97,13 @@ stop_pidfile() {
   say "$name: stopped"
 }
 
-# wait_until [--pid PIDFILE] SECONDS NAME LOGFILE COMMAND...: poll COMMAND until it succeeds, else
-# fail with the log tail; with --pid, fail at once when PIDFILE's process exits meanwhile (a
-# refused configuration, a port taken) rather than after SECONDS.
+# wait_until [--pid PID] SECONDS NAME LOGFILE COMMAND...: poll COMMAND until it succeeds, else
+# fail with the log tail; with --pid, fail at once when that process exits meanwhile (a refused
+# configuration, a port taken) rather than after SECONDS.
 wait_until() {
-  local pidfile="" i
+  local pid="" i
   if [ "$1" = --pid ]; then
-    pidfile=$2
+    pid=$2
     shift 2
   fi
   local timeout=$1 name=$2 logfile=$3
@@ -104,7 +112,7 @@ wait_until() {
     if "$@" >/dev/null 2>&1; then
       return 0
     fi
-    if [ -n "$pidfile" ] && ! pid_running "$pidfile"; then
+    if [ -n "$pid" ] && ! alive "$pid"; then
       printf 'error: %s exited while starting; last lines of %s:\n' "$name" "$logfile" >&2
       tail -n 40 "$logfile" >&2 2>/dev/null || true
       return 1

@@ -19,6 +19,8 @@ select_worker() { # NAME
   NAME=$1
   [[ $NAME =~ ^worker[A-Za-z0-9_-]*$ ]] || die "worker name '$NAME' must start with 'worker' (then letters, digits, _ or -)"
   PIDFILE=$STATE_DIR/$NAME.pid
+  # Celery's command line names its pid file: a stale file naming another program is not the worker.
+  PID_MATCH="--pidfile[= ]$PIDFILE( |\$)"
   LOG=$LOG_DIR/$NAME.log
   QUEUES=$(worker_specs | sed -n "s/^$NAME=//p" | head -n1)
 }
@@ -88,15 +90,17 @@ gone() {
   elif [ -n "$LEADS" ]; then
     return 0
   else
-    ! pgrep -f -- "--pidfile[= ]$PIDFILE( |\$)" >/dev/null # before and after it execs Celery
+    ! pgrep -f -- "$PID_MATCH" >/dev/null # before and after it execs Celery
   fi
 }
 
-# A start that failed before Celery wrote its pid file stops what it launched, which `stop`
-# could not find; with the pid file written, `stop` finds it.
+# A start that failed stops what it launched: a worker left running (retrying a broker it cannot
+# reach) read as running to `status` and to the next `up`, which then kept its old settings.
+# Before Celery wrote its pid file, `stop` could not find it.
 abandon() {
-  [ -s "$PIDFILE" ] && return 0
-  if [ -n "$LEADS" ]; then
+  if [ -s "$PIDFILE" ]; then
+    stop
+  elif [ -n "$LEADS" ]; then
     kill -TERM -- "-$LAUNCHED" 2>/dev/null || true
   else
     kill -TERM "$LAUNCHED" 2>/dev/null || true

@@ -76,12 +76,11 @@ def test_a_port_another_server_answers_on_is_refused_not_taken_for_this_api(tmp_
 
 
 def _listens_here(env: dict[str, str], pid: int) -> int:
-    """`api.sh`'s own check that the server answering is the one its pid file names."""
-    state = Path(env["RAGLINE_STATE_DIR"])
-    state.mkdir(parents=True, exist_ok=True)
-    (state / "api.pid").write_text(f"{pid}\n")
+    """`api.sh`'s own check that the server answering is `pid`'s, the one a start launched."""
+    Path(env["RAGLINE_STATE_DIR"]).mkdir(parents=True, exist_ok=True)
     script = REPO / "deploy/local/api.sh"
-    return subprocess.run(["bash", str(script), "listens_here"], env=env, timeout=30, check=False).returncode
+    command = ["bash", str(script), "listens_here", str(pid)]
+    return subprocess.run(command, env=env, timeout=30, check=False).returncode
 
 
 def test_the_health_check_counts_only_the_server_this_start_launched(tmp_path: Path) -> None:
@@ -98,3 +97,56 @@ def test_the_health_check_counts_only_the_server_this_start_launched(tmp_path: P
         bystander.kill()
         bystander.wait()
         other.shutdown()
+
+
+def test_a_stale_pid_file_naming_another_program_is_not_the_api_and_is_not_signalled(
+    tmp_path: Path,
+) -> None:
+    """A pid file that outlived its API (a reboot, a crash) can name another program: `stop`
+    signalled its whole process group, and `start` said "already running" and started nothing."""
+    env = _env(tmp_path, _free_port())
+    state = Path(env["RAGLINE_STATE_DIR"])
+    state.mkdir(parents=True)
+    for script in ("api.sh", "worker.sh"):
+        bystander = subprocess.Popen(["sleep", "30"], start_new_session=True)
+        try:
+            (state / f"{script.split('.')[0]}.pid").write_text(f"{bystander.pid}\n")
+            stopped = subprocess.run(
+                ["bash", str(REPO / "deploy/local" / script), "stop"],
+                env=env,
+                capture_output=True,
+                text=True,
+                timeout=60,
+                check=False,
+            )
+            assert stopped.returncode == 0, stopped.stderr
+            assert "not running" in stopped.stdout, stopped.stdout
+            assert bystander.poll() is None  # still running: not ours to stop
+        finally:
+            bystander.kill()
+            bystander.wait()
+
+
+def test_two_starts_at_once_leave_one_api_which_the_pid_file_names(tmp_path: Path) -> None:
+    """Both starts launched an API before: one of them ran with no pid file naming it, so `stop`
+    and `status` could not see it and the next `start` refused the port."""
+    env = _env(tmp_path, _free_port(), RAGLINE_AUTH__ALLOW_ANONYMOUS="true")
+    script = REPO / "deploy/local/api.sh"
+    try:
+        starts = [
+            subprocess.Popen(["bash", str(script), "start"], env=env, stdout=subprocess.PIPE, text=True)
+            for _ in range(2)
+        ]
+        outputs = [start.communicate(timeout=150)[0] for start in starts]
+        assert [start.returncode for start in starts] == [0, 0], outputs
+        assert sorted("already running" in out for out in outputs) == [False, True], outputs
+        pid = int((tmp_path / "state" / "api.pid").read_text())
+        serving = subprocess.run(
+            ["pgrep", "-f", f"ragline serve --host 127.0.0.1 --port {env['RAGLINE_API__PORT']}"],
+            capture_output=True,
+            text=True,
+            check=False,
+        ).stdout.split()
+        assert serving == [str(pid)]
+    finally:
+        subprocess.run(["bash", str(script), "stop"], env=env, capture_output=True, timeout=60, check=False)
