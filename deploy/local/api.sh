@@ -10,8 +10,9 @@ PIDFILE=$STATE_DIR/api.pid
 LOG=$LOG_DIR/api.log
 KEYS=$STATE_DIR/api-keys.json
 URL=http://127.0.0.1:$PORT
-# The API's command line, or this script's own subshell before it execs the API.
-PID_MATCH="ragline serve --host 127\.0\.0\.1 --port $PORT( |\$)|api\.sh start"
+# The API's command line, or this script's own subshell before it execs the API. Any port: `stop`
+# without the RAGLINE_API__PORT that `start` had still stops the API its pid file names.
+PID_MATCH="ragline serve --host 127\.0\.0\.1 --port [0-9]+( |\$)|api\.sh start"
 
 dev_key() {
   if [ ! -s "$KEYS" ]; then

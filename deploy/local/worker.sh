@@ -84,7 +84,7 @@ start() {
 gone() {
   if [ -s "$PIDFILE" ]; then
     ! pid_running "$PIDFILE"
-  elif kill -0 "$LAUNCHED" 2>/dev/null && ! zombie "$LAUNCHED"; then
+  elif alive "$LAUNCHED"; then
     [ -n "$LEADS" ] || [ "$(ps -o sid= -p "$LAUNCHED" 2>/dev/null | tr -d ' ')" != "$LAUNCHED" ] || LEADS=1
     return 1
   elif [ -n "$LEADS" ]; then

@@ -148,5 +148,9 @@ def test_two_starts_at_once_leave_one_api_which_the_pid_file_names(tmp_path: Pat
             check=False,
         ).stdout.split()
         assert serving == [str(pid)]
+        # A stop without the port the start had still stops the API its pid file names.
+        moved = env | {"RAGLINE_API__PORT": str(_free_port())}
+        subprocess.run(["bash", str(script), "stop"], env=moved, capture_output=True, timeout=60, check=True)
+        assert subprocess.run(["kill", "-0", str(pid)], capture_output=True, check=False).returncode != 0
     finally:
         subprocess.run(["bash", str(script), "stop"], env=env, capture_output=True, timeout=60, check=False)
