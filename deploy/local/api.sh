@@ -12,7 +12,7 @@ KEYS=$STATE_DIR/api-keys.json
 URL=http://127.0.0.1:$PORT
 # The API's command line, or this script's own subshell before it execs the API. Any port: `stop`
 # without the RAGLINE_API__PORT that `start` had still stops the API its pid file names.
-PID_MATCH="ragline serve --host 127\.0\.0\.1 --port [0-9]+( |\$)|api\.sh start"
+PID_MATCH="ragline serve --host 127\.0\.0\.1 --port [0-9]+( |\$)|(^|[ /])api\.sh start\$"
 
 dev_key() {
   if [ ! -s "$KEYS" ]; then
@@ -88,7 +88,11 @@ start() {
     >>"$LOG" 2>&1 </dev/null 9>&- &
   local launched=$!
   echo "$launched" >"$PIDFILE"
-  wait_until --pid "$launched" 120 api "$LOG" listens_here "$launched"
+  if ! wait_until --pid "$launched" 120 api "$LOG" listens_here "$launched"; then
+    stop_launched "$launched" # not left running for the next start to call "already running"
+    rm -f "$PIDFILE"
+    exit 1
+  fi
   say "api: listening on $URL (REST /v1, OpenAPI $URL/docs, MCP $URL/mcp; log $LOG)"
 }
 

@@ -6,6 +6,8 @@ STATE_DIR=${RAGLINE_STATE_DIR:-$REPO_ROOT/.ragline}
 VENV=${RAGLINE_VENV:-$REPO_ROOT/.venv}
 LOG_DIR=$STATE_DIR/logs
 mkdir -p "$STATE_DIR" "$LOG_DIR"
+# A service's command line, as an ERE, where its script sets it (see pid_running); never the caller's.
+PID_MATCH=
 # The local stack's folder sources read under the state dir's sources/ unless told otherwise
 # (docs/api.md#sources): a source may only read where an operator allowed it.
 export RAGLINE_SOURCES__FOLDER_ROOTS=${RAGLINE_SOURCES__FOLDER_ROOTS:-"[\"$STATE_DIR/sources\"]"}
@@ -63,7 +65,26 @@ pid_running() {
 alive() { kill -0 "$1" 2>/dev/null && ! zombie "$1"; }
 
 # ours PID: its command line matches $PID_MATCH.
-ours() { ps -ww -o args= -p "$1" 2>/dev/null | grep -Eq -- "$PID_MATCH"; }
+ours() {
+  local args
+  args=$(ps -ww -o args= -p "$1" 2>/dev/null) || return 1
+  [[ $args =~ $PID_MATCH ]]
+}
+
+# literal TEXT: TEXT as an ERE that matches it alone (a path may hold + ( ) [ ] and the like).
+literal() { printf '%s' "$1" | sed 's/[][\\.^$*+?(){}|]/\\&/g'; }
+
+# stop_launched PID: a process this script launched, and its group when it leads one, stopped:
+# TERM, then KILL after a grace, for a start that failed before any pid file could name it.
+stop_launched() {
+  local pid=$1 i
+  kill -TERM -- "-$pid" 2>/dev/null || kill -TERM "$pid" 2>/dev/null || return 0
+  for ((i = 0; i < 100; i++)); do
+    alive "$pid" || return 0
+    sleep 0.1
+  done
+  kill -KILL -- "-$pid" 2>/dev/null || kill -KILL "$pid" 2>/dev/null || true
+}
 
 # zombie PID: true for a process that died but is not reaped yet (kill -0 still finds it).
 zombie() {
@@ -101,14 +122,15 @@ stop_pidfile() {
 # fail with the log tail; with --pid, fail at once when that process exits meanwhile (a refused
 # configuration, a port taken) rather than after SECONDS.
 wait_until() {
-  local pid="" i
+  local pid=""
   if [ "$1" = --pid ]; then
     pid=$2
     shift 2
   fi
   local timeout=$1 name=$2 logfile=$3
   shift 3
-  for ((i = 0; i < timeout * 2; i++)); do
+  local deadline=$((SECONDS + timeout)) # the clock's, not a count of polls: a poll may take seconds
+  while ((SECONDS < deadline)); do
     if "$@" >/dev/null 2>&1; then
       return 0
     fi

@@ -20,7 +20,7 @@ select_worker() { # NAME
   [[ $NAME =~ ^worker[A-Za-z0-9_-]*$ ]] || die "worker name '$NAME' must start with 'worker' (then letters, digits, _ or -)"
   PIDFILE=$STATE_DIR/$NAME.pid
   # Celery's command line names its pid file: a stale file naming another program is not the worker.
-  PID_MATCH="--pidfile[= ]$PIDFILE( |\$)"
+  PID_MATCH="--pidfile[= ]$(literal "$PIDFILE")( |\$)"
   LOG=$LOG_DIR/$NAME.log
   QUEUES=$(worker_specs | sed -n "s/^$NAME=//p" | head -n1)
 }
@@ -99,11 +99,10 @@ gone() {
 # Before Celery wrote its pid file, `stop` could not find it.
 abandon() {
   if [ -s "$PIDFILE" ]; then
-    stop
-  elif [ -n "$LEADS" ]; then
-    kill -TERM -- "-$LAUNCHED" 2>/dev/null || true
+    stop || true
   else
-    kill -TERM "$LAUNCHED" 2>/dev/null || true
+    stop_launched "$LAUNCHED"
+    [ -n "$LEADS" ] || pkill -KILL -f -- "$PID_MATCH" 2>/dev/null || true # where setsid forked
   fi
 }
 

@@ -91,12 +91,13 @@ def test_the_health_check_counts_only_the_server_this_start_launched(tmp_path: P
     env = _env(tmp_path, other.server_port)
     bystander = subprocess.Popen(["sleep", "30"])
     try:
-        assert _listens_here(env, bystander.pid) == 1  # answered, but not by the process started
-        assert _listens_here(env, os.getpid()) == 0  # this process holds the listening socket
+        assert _listens_here(env, os.getpid()) == 0  # this process holds the socket that answers
+        assert _listens_here(env, bystander.pid) == 1  # the same answer, but not the process started
     finally:
         bystander.kill()
         bystander.wait()
         other.shutdown()
+        other.server_close()
 
 
 def test_a_stale_pid_file_naming_another_program_is_not_the_api_and_is_not_signalled(
@@ -132,8 +133,9 @@ def test_two_starts_at_once_leave_one_api_which_the_pid_file_names(tmp_path: Pat
     and `status` could not see it and the next `start` refused the port."""
     env = _env(tmp_path, _free_port(), RAGLINE_AUTH__ALLOW_ANONYMOUS="true")
     script = REPO / "deploy/local/api.sh"
+    starts: list[subprocess.Popen[str]] = []
     try:
-        starts = [
+        starts += [
             subprocess.Popen(["bash", str(script), "start"], env=env, stdout=subprocess.PIPE, text=True)
             for _ in range(2)
         ]
@@ -151,6 +153,18 @@ def test_two_starts_at_once_leave_one_api_which_the_pid_file_names(tmp_path: Pat
         # A stop without the port the start had still stops the API its pid file names.
         moved = env | {"RAGLINE_API__PORT": str(_free_port())}
         subprocess.run(["bash", str(script), "stop"], env=moved, capture_output=True, timeout=60, check=True)
-        assert subprocess.run(["kill", "-0", str(pid)], capture_output=True, check=False).returncode != 0
+        assert not _alive(pid)
     finally:
-        subprocess.run(["bash", str(script), "stop"], env=env, capture_output=True, timeout=60, check=False)
+        for start in starts:  # a start that hung holds the lock a stop waits for
+            start.kill()
+            start.wait()
+        # Past the lock's own wait (180 s), so that a stop is never cut short with the API up.
+        subprocess.run(["bash", str(script), "stop"], env=env, capture_output=True, timeout=240, check=False)
+
+
+def _alive(pid: int) -> bool:
+    """Running, not a zombie that no one reaped yet (which `kill -0` still finds)."""
+    try:
+        return "\nState:\tZ" not in Path(f"/proc/{pid}/status").read_text()
+    except FileNotFoundError:
+        return False
