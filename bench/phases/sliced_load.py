@@ -19,7 +19,7 @@ from bench.rss import RssSampler
 from bench.session import Bench
 
 # Parts of the measured load: the raw model runs after each, so its baseline follows the machine's
-# speed through the load rather than in one minute after it.
+# speed through the load rather than sampling it once, after the load has ended.
 PARTS, PARTS_QUICK = 4, 2
 
 
