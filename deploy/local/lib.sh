@@ -6,8 +6,10 @@ STATE_DIR=${RAGLINE_STATE_DIR:-$REPO_ROOT/.ragline}
 VENV=${RAGLINE_VENV:-$REPO_ROOT/.venv}
 LOG_DIR=$STATE_DIR/logs
 mkdir -p "$STATE_DIR" "$LOG_DIR"
-# A service's command line, as an ERE, where its script sets it (see pid_running); never the caller's.
+# A service's command line, as an ERE, and its working directory, where its script sets them (see
+# pid_running); never the caller's.
 PID_MATCH=
+PID_CWD=
 # The local stack's folder sources read under the state dir's sources/ unless told otherwise
 # (docs/api.md#sources): a source may only read where an operator allowed it.
 export RAGLINE_SOURCES__FOLDER_ROOTS=${RAGLINE_SOURCES__FOLDER_ROOTS:-"[\"$STATE_DIR/sources\"]"}
@@ -48,13 +50,15 @@ fresh_log() {
 }
 
 # pid_running PIDFILE: true when the file names a live process, one whose command line matches
-# $PID_MATCH where the script sets it (a pid file that outlived its process, across a reboot or a
-# crash, can name another program's, which `stop` would signal); removes a stale file.
+# $PID_MATCH and whose working directory is $PID_CWD where the script sets them (a pid file that
+# outlived its process, across a reboot or a crash, can name another program's, which `stop` would
+# signal); removes a stale file.
 pid_running() {
   local pidfile=$1 pid
   [ -f "$pidfile" ] || return 1
   pid=$(cat "$pidfile" 2>/dev/null || true)
-  if [ -n "$pid" ] && alive "$pid" && { [ -z "${PID_MATCH:-}" ] || ours "$pid"; }; then
+  if [ -n "$pid" ] && alive "$pid" && { [ -z "${PID_MATCH:-}" ] || ours "$pid"; } \
+    && { [ -z "${PID_CWD:-}" ] || [ "$(readlink "/proc/$pid/cwd" 2>/dev/null)" = "$PID_CWD" ]; }; then
     return 0
   fi
   rm -f "$pidfile"

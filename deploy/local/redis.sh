@@ -8,6 +8,10 @@ PORT=${RAGLINE_REDIS_PORT:-6379}
 DIR=$STATE_DIR/redis
 PIDFILE=$DIR/redis.pid
 LOG=$LOG_DIR/redis.log
+# Redis titles itself by its address alone, which another state dir's Redis may have had; it runs in
+# its data dir (`dir`), which is this state dir's own.
+PID_MATCH='^redis-server '
+PID_CWD=$(cd "$DIR" 2>/dev/null && pwd -P || echo "$DIR")
 
 install() {
   if ! command -v redis-server >/dev/null; then
@@ -15,6 +19,9 @@ install() {
     apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq redis-server >/dev/null
   fi
 }
+
+# quoted TEXT: TEXT as one argument of a redis.conf line (a state dir's path may hold spaces).
+quoted() { printf '"%s"' "$(printf '%s' "$1" | sed 's/[\\"]/\\&/g')"; }
 
 ping() { redis-cli -h 127.0.0.1 -p "$PORT" ping 2>/dev/null | grep -q PONG; }
 
@@ -33,12 +40,12 @@ bind 127.0.0.1
 port $PORT
 protected-mode yes
 daemonize no
-dir $DIR
+dir $(quoted "$DIR")
 appendonly yes
 appendfsync everysec
 save 60 1000
-logfile $LOG
-pidfile $PIDFILE
+logfile $(quoted "$LOG")
+pidfile $(quoted "$PIDFILE")
 CONF
   setsid redis-server "$DIR/redis.conf" >>"$LOG" 2>&1 </dev/null &
   wait_until 30 redis "$LOG" ping

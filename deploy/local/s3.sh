@@ -39,6 +39,7 @@ PIDFILE=$DIR/s3proxy.pid
 CONF=$DIR/s3proxy.conf
 ENV_FILE=$DIR/blobs.env
 LOG=$LOG_DIR/s3.log
+PID_MATCH="s3proxy\\.jar --properties $(literal "$CONF")( |\$)"
 URL=http://127.0.0.1:$PORT
 BUCKET=ragline
 REGION=us-east-1

@@ -1,5 +1,6 @@
-"""`api.sh start` fails as soon as the API exits while starting (a refused configuration): it waited
-out its 120 s before, then blamed health."""
+"""The local stack's scripts (deploy/local): `api.sh start` fails as soon as the API exits while
+starting (a refused configuration; it waited out its 120 s before, then blamed health), a pid file
+counts only for the service's own process, and paths with spaces work."""
 
 from __future__ import annotations
 
@@ -103,15 +104,22 @@ def test_the_health_check_counts_only_the_server_this_start_launched(tmp_path: P
 def test_a_stale_pid_file_naming_another_program_is_not_the_api_and_is_not_signalled(
     tmp_path: Path,
 ) -> None:
-    """A pid file that outlived its API (a reboot, a crash) can name another program: `stop`
-    signalled its whole process group, and `start` said "already running" and started nothing."""
+    """A pid file that outlived its service (a reboot, a crash) can name another program: `stop`
+    signalled its whole process group, and `start` said "already running" and started nothing.
+    Redis's bystander runs in Redis's data dir, which alone does not make it Redis."""
     env = _env(tmp_path, _free_port())
     state = Path(env["RAGLINE_STATE_DIR"])
-    state.mkdir(parents=True)
-    for script in ("api.sh", "worker.sh"):
-        bystander = subprocess.Popen(["sleep", "30"], start_new_session=True)
+    pid_files = {
+        "api.sh": state / "api.pid",
+        "worker.sh": state / "worker.pid",
+        "redis.sh": state / "redis/redis.pid",
+        "s3.sh": state / "s3/s3proxy.pid",
+    }
+    for script, pid_file in pid_files.items():
+        pid_file.parent.mkdir(parents=True, exist_ok=True)
+        bystander = subprocess.Popen(["sleep", "30"], start_new_session=True, cwd=pid_file.parent)
         try:
-            (state / f"{script.split('.')[0]}.pid").write_text(f"{bystander.pid}\n")
+            pid_file.write_text(f"{bystander.pid}\n")
             stopped = subprocess.run(
                 ["bash", str(REPO / "deploy/local" / script), "stop"],
                 env=env,
@@ -168,3 +176,27 @@ def _alive(pid: int) -> bool:
         return "\nState:\tZ" not in Path(f"/proc/{pid}/status").read_text()
     except FileNotFoundError:
         return False
+
+
+def test_redis_runs_from_a_state_dir_whose_path_has_spaces_and_quotes(tmp_path: Path) -> None:
+    """redis.conf took the path's first word for `dir` and Redis refused its configuration; and the
+    started Redis is the one `status` and a second `start` find by its pid file."""
+    env = {**_env(tmp_path, _free_port()), "RAGLINE_REDIS_PORT": str(_free_port())}
+    env["RAGLINE_STATE_DIR"] = str(tmp_path / 'state (1) "a"')
+    script = str(REPO / "deploy/local/redis.sh")
+
+    def redis(command: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            ["bash", script, command], env=env, capture_output=True, text=True, timeout=60, check=False
+        )
+
+    try:
+        started = redis("start")
+        assert started.returncode == 0, started.stdout + started.stderr
+        assert redis("status").returncode == 0
+        again = redis("start")
+        assert "already running" in again.stdout, again.stdout + again.stderr
+    finally:
+        stopped = redis("stop")
+    assert "redis: stopped" in stopped.stdout, stopped.stdout + stopped.stderr
+    assert redis("status").returncode == 3
