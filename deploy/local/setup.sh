@@ -8,8 +8,18 @@ source "$HERE/lib.sh"
 # tesseract and poppler: OCR of PDF pages without a text layer; git: `git` sources (and their
 # tests' git daemon and smart HTTP servers).
 APT_PACKAGES=(redis-server tesseract-ocr tesseract-ocr-eng poppler-utils git)
+# What the scripts call, from Debian where this machine lacks it: Maven fetches OpenSearch and
+# S3Proxy from Maven Central, a JRE 17 runs them, and the project needs Python 3.11 with venv.
+command -v mvn >/dev/null || APT_PACKAGES+=(maven)
+command -v curl >/dev/null || APT_PACKAGES+=(curl)
+[ -n "${RAGLINE_OPENSEARCH_JAVA_HOME:-}" ] || [ -x /usr/lib/jvm/java-17-openjdk-amd64/bin/java ] \
+  || APT_PACKAGES+=(openjdk-17-jre-headless)
 PYTHON=${PYTHON:-python3.11}
-command -v "$PYTHON" >/dev/null || PYTHON=python3
+python_fits() { "$PYTHON" -c 'import ensurepip, sys; sys.exit(sys.version_info[:2] != (3, 11))' 2>/dev/null; }
+if ! python_fits; then
+  PYTHON=python3
+  python_fits || { PYTHON=/usr/bin/python3.11 && APT_PACKAGES+=(python3.11 python3.11-venv); }
+fi
 
 install_apt() {
   local missing=() pkg
