@@ -576,15 +576,16 @@ launch() {
     fi
   fi
 
+  # One option a line, each one argument: the state dir's path may hold spaces.
   local jvm_opts
-  jvm_opts=$(grep -v '^#' "$CONF_DIR/jvm.options" | tr '\n' ' ')
-  # shellcheck disable=SC2086  # word splitting of the option list and the setpriv prefix is intended
+  mapfile -t jvm_opts < <(grep -v -e '^#' -e '^$' "$CONF_DIR/jvm.options")
+  # shellcheck disable=SC2086  # word splitting of the setpriv prefix is intended
   (
     cd "$OS_STATE"
     exec 9>&- # do not leak the state lock into the JVM
     exec setsid $prefix env -i PATH=/usr/bin:/bin LANG=C.UTF-8 HOSTNAME="$(hostname)" \
       JAVA_HOME="$JAVA_HOME_OS" OPENSEARCH_PATH_CONF="$CONF_DIR" OPENSEARCH_TMPDIR="$TMP_DIR" \
-      "$JAVA" -Xshare:auto $jvm_opts \
+      "$JAVA" -Xshare:auto "${jvm_opts[@]}" \
       -Dopensearch.path.home="$os_home" \
       -Dopensearch.path.conf="$CONF_DIR" \
       -Dopensearch.distribution.type=tar \

@@ -131,7 +131,8 @@ class ClusterStack:
 
 @pytest.fixture(scope="module")
 def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ClusterStack]:
-    state = tmp_path_factory.mktemp("cluster-stack")
+    # A path with spaces: the scripts pass it to Redis's configuration and the JVM's options.
+    state = tmp_path_factory.mktemp("cluster stack (2 nodes)")
     http, transport, redis_port = _free_ports()
     urls = ",".join(f"http://127.0.0.1:{http + i}" for i in range(NODES))
     overrides = {
