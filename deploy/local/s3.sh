@@ -39,7 +39,9 @@ PIDFILE=$DIR/s3proxy.pid
 CONF=$DIR/s3proxy.conf
 ENV_FILE=$DIR/blobs.env
 LOG=$LOG_DIR/s3.log
-PID_MATCH="s3proxy\\.jar --properties $(literal "$CONF")( |\$)"
+PID_MATCH="s3proxy\\.jar --properties $(literal "$CONF")\$"
+# It runs in its dir (see start): another program's arguments may name the same jar and conf.
+PID_CWD=$(cd "$DIR" 2>/dev/null && pwd -P || echo "$DIR")
 URL=http://127.0.0.1:$PORT
 BUCKET=ragline
 REGION=us-east-1

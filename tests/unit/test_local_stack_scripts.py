@@ -117,7 +117,11 @@ def test_a_stale_pid_file_naming_another_program_is_not_the_api_and_is_not_signa
     }
     for script, pid_file in pid_files.items():
         pid_file.parent.mkdir(parents=True, exist_ok=True)
-        bystander = subprocess.Popen(["sleep", "30"], start_new_session=True, cwd=pid_file.parent)
+        # Named as the service would be (S3Proxy's jar and conf), but elsewhere: still not it.
+        named = f"s3proxy.jar --properties {pid_file.parent / 's3proxy.conf'}"
+        command = ["bash", "-c", f"exec -a '{named}' sleep 30"] if script == "s3.sh" else ["sleep", "30"]
+        cwd = tmp_path if script == "s3.sh" else pid_file.parent
+        bystander = subprocess.Popen(command, start_new_session=True, cwd=cwd)
         try:
             pid_file.write_text(f"{bystander.pid}\n")
             stopped = subprocess.run(
