@@ -60,16 +60,11 @@ sys.exit(0 if any(s.status == psutil.CONN_LISTEN and s.laddr.port == port for s 
 PY
 }
 
-# One start or stop at a time in a state dir: two starts at once both launched an API, and the pid
+# One start or stop at a time (serialise): two starts at once both launched an API, and the pid
 # file named one of them (or one that had died).
-serialise() {
-  exec 9>"$STATE_DIR/api.lock"
-  flock -w 180 9 || die "api: another start or stop holds $STATE_DIR/api.lock"
-}
-
 start() {
   require_ragline
-  serialise
+  serialise api
   if pid_running "$PIDFILE"; then
     say "api: already running on $URL (pid $(cat "$PIDFILE"))"
     if [ -z "${RAGLINE_AUTH__API_KEYS:-}${RAGLINE_AUTH__KEYS_FILE:-}${RAGLINE_AUTH__ALLOW_ANONYMOUS:-}" ]; then
@@ -97,7 +92,7 @@ start() {
 }
 
 stop() {
-  serialise
+  serialise api
   stop_pidfile "$PIDFILE" api 20
 }
 

@@ -78,6 +78,13 @@ ours() {
 # literal TEXT: TEXT as an ERE that matches it alone (a path may hold + ( ) [ ] and the like).
 literal() { printf '%s' "$1" | sed 's/[][\\.^$*+?(){}|]/\\&/g'; }
 
+# serialise NAME: hold NAME's lock in the state dir (fd 9) until the script exits, so that two
+# starts, or a start and a stop, of one service never interleave; what a start launches gets 9>&-.
+serialise() {
+  exec 9>"$STATE_DIR/$1.lock"
+  flock -w 180 9 || die "$1: another start or stop holds $STATE_DIR/$1.lock"
+}
+
 # stop_launched PID: a process this script launched, and its group when it leads one, stopped:
 # TERM, then KILL after a grace, for a start that failed before any pid file could name it.
 stop_launched() {

@@ -135,8 +135,11 @@ ensure_bucket() {
   say "s3: created bucket $BUCKET"
 }
 
+# One start or stop at a time (serialise): two starts at once both wrote new credentials, and the
+# one that timed out stopped the other's server on its way out.
 start() {
   install
+  serialise s3
   mkdir -p "$DIR" "$DATA"
   credentials
   if pid_running "$PIDFILE"; then
@@ -158,14 +161,17 @@ CONF
   )
   fresh_log "$LOG"
   (cd "$DIR" && exec setsid "$(java_bin)" "-Xmx$HEAP" -XX:+UseSerialGC -XX:TieredStopAtLevel=1 \
-    -jar "$JAR" --properties "$CONF") >>"$LOG" 2>&1 </dev/null &
+    -jar "$JAR" --properties "$CONF") >>"$LOG" 2>&1 </dev/null 9>&- &
   echo $! >"$PIDFILE"
   wait_until 60 s3 "$LOG" answers || { stop >/dev/null; exit 1; }
   ensure_bucket
   say "s3: listening on $URL (S3Proxy $VERSION, bucket $BUCKET, data in $DATA, settings in $ENV_FILE)"
 }
 
-stop() { stop_pidfile "$PIDFILE" s3 20; }
+stop() {
+  serialise s3
+  stop_pidfile "$PIDFILE" s3 20
+}
 
 status() {
   if pid_running "$PIDFILE" && curl -s -o /dev/null --max-time 2 "$URL/"; then

@@ -204,3 +204,29 @@ def test_redis_runs_from_a_state_dir_whose_path_has_spaces_and_quotes(tmp_path: 
         stopped = redis("stop")
     assert "redis: stopped" in stopped.stdout, stopped.stdout + stopped.stderr
     assert redis("status").returncode == 3
+
+
+def test_two_s3_starts_at_once_leave_one_running_s3proxy(tmp_path: Path) -> None:
+    """Both starts wrote new credentials, and the one that timed out stopped the other's server on
+    its way out: no S3 server was left."""
+    env = {**_env(tmp_path, _free_port()), "RAGLINE_S3_PORT": str(_free_port())}
+    script = str(REPO / "deploy/local/s3.sh")
+
+    def s3(command: str) -> subprocess.Popen[str]:
+        return subprocess.Popen(
+            ["bash", script, command], env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+        )
+
+    try:
+        starts = [s3("start"), s3("start")]
+        outputs = [start.communicate(timeout=120)[0] for start in starts]
+        assert [start.returncode for start in starts] == [0, 0], outputs
+        status = s3("status")
+        assert status.wait(timeout=30) == 0, status.communicate()[0]
+        conf = tmp_path / "state/s3/s3proxy.conf"
+        running = subprocess.run(
+            ["pgrep", "-f", "--", f"--properties {conf}"], capture_output=True, text=True, check=False
+        )
+        assert len(running.stdout.split()) == 1, running.stdout
+    finally:
+        s3("stop").wait(timeout=60)
