@@ -3,16 +3,30 @@
 
 REPO_ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
 STATE_DIR=${RAGLINE_STATE_DIR:-$REPO_ROOT/.ragline}
+case $STATE_DIR in
+  *$'\n'*)
+    printf 'error: RAGLINE_STATE_DIR %q holds a newline, which no config file here can name\n' "$STATE_DIR" >&2
+    exit 1
+    ;;
+esac
+# Absolute, and passed on so: the servers and services started here resolve it from other dirs.
+mkdir -p "$STATE_DIR"
+STATE_DIR=$(CDPATH='' cd "$STATE_DIR" && pwd)
+[ -z "${RAGLINE_STATE_DIR:-}" ] || export RAGLINE_STATE_DIR=$STATE_DIR
+# quoted TEXT: TEXT in double quotes with '\', '"' and tabs escaped: one JSON string, YAML scalar or
+# redis.conf argument (the state dir's path may hold spaces, quotes, '#' or ': ').
+quoted() { printf '"%s"' "$(printf '%s' "$1" | sed 's/[\\"]/\\&/g; s/\t/\\t/g')"; }
+
 VENV=${RAGLINE_VENV:-$REPO_ROOT/.venv}
 LOG_DIR=$STATE_DIR/logs
-mkdir -p "$STATE_DIR" "$LOG_DIR"
+mkdir -p "$LOG_DIR"
 # A service's command line, as an ERE, and its working directory, where its script sets them (see
 # pid_running); never the caller's.
 PID_MATCH=
 PID_CWD=
 # The local stack's folder sources read under the state dir's sources/ unless told otherwise
 # (docs/api.md#sources): a source may only read where an operator allowed it.
-export RAGLINE_SOURCES__FOLDER_ROOTS=${RAGLINE_SOURCES__FOLDER_ROOTS:-"[\"$STATE_DIR/sources\"]"}
+export RAGLINE_SOURCES__FOLDER_ROOTS=${RAGLINE_SOURCES__FOLDER_ROOTS:-"[$(quoted "$STATE_DIR/sources")]"}
 mkdir -p "$STATE_DIR/sources"
 # A server moved to another port (RAGLINE_OPENSEARCH_PORT, RAGLINE_REDIS_PORT) is the one the
 # services started here use, unless their URL says otherwise: else they would reach whatever still
@@ -68,10 +82,12 @@ pid_running() {
 # alive PID: the process runs (kill -0 still finds a zombie).
 alive() { kill -0 "$1" 2>/dev/null && ! zombie "$1"; }
 
-# ours PID: its command line matches $PID_MATCH.
+# ours PID: its command line matches $PID_MATCH. Read from /proc, not ps, which prints the bytes of
+# non-ASCII paths as "?" under some locales; the NULs ending a retitled command line (Redis) go.
 ours() {
   local args
-  args=$(ps -ww -o args= -p "$1" 2>/dev/null) || return 1
+  args=$(tr '\0' ' ' 2>/dev/null <"/proc/$1/cmdline") || return 1
+  args=${args%"${args##*[! ]}"}
   [[ $args =~ $PID_MATCH ]]
 }
 

@@ -20,15 +20,27 @@ install() {
   fi
 }
 
-# quoted TEXT: TEXT as one argument of a redis.conf line (a state dir's path may hold spaces).
-quoted() { printf '"%s"' "$(printf '%s' "$1" | sed 's/[\\"]/\\&/g')"; }
+# running: this state dir's Redis runs. Its pid file, where it went missing (removed by hand), is
+# written again from the redis-server running in this data dir: Redis writes it only as it starts,
+# and without it status, stop and the next start lost their server.
+running() {
+  pid_running "$PIDFILE" && return 0
+  local p
+  for p in /proc/[0-9]*; do
+    [ "$(cat "$p/comm" 2>/dev/null)" = redis-server ] || continue
+    [ "$(readlink "$p/cwd" 2>/dev/null)" = "$PID_CWD" ] || continue
+    echo "${p#/proc/}" >"$PIDFILE"
+    pid_running "$PIDFILE" && return 0
+  done
+  return 1
+}
 
 ping() { redis-cli -h 127.0.0.1 -p "$PORT" ping 2>/dev/null | grep -q PONG; }
 
 start() {
   install
   mkdir -p "$DIR"
-  if pid_running "$PIDFILE"; then
+  if running; then
     say "redis: already running on redis://127.0.0.1:$PORT"
     return 0
   fi
@@ -48,15 +60,19 @@ logfile $(quoted "$LOG")
 pidfile $(quoted "$PIDFILE")
 CONF
   setsid redis-server "$DIR/redis.conf" >>"$LOG" 2>&1 </dev/null &
-  wait_until 30 redis "$LOG" ping
-  wait_until 10 redis "$LOG" test -s "$PIDFILE"
+  local launched=$!
+  wait_until --pid "$launched" 30 redis "$LOG" ping
+  wait_until --pid "$launched" 10 redis "$LOG" test -s "$PIDFILE"
   say "redis: listening on redis://127.0.0.1:$PORT (data in $DIR)"
 }
 
-stop() { stop_pidfile "$PIDFILE" redis 20; }
+stop() {
+  running || true
+  stop_pidfile "$PIDFILE" redis 20
+}
 
 status() {
-  if pid_running "$PIDFILE" && ping; then
+  if running && ping; then
     say "redis: running on redis://127.0.0.1:$PORT"
   else
     say "redis: stopped"

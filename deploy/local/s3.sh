@@ -156,14 +156,17 @@ s3proxy.authorization=aws-v2-or-v4
 s3proxy.identity=$ACCESS_KEY
 s3proxy.credential=$SECRET_KEY
 jclouds.provider=filesystem
-jclouds.filesystem.basedir=$DATA
 CONF
   )
   fresh_log "$LOG"
-  (cd "$DIR" && exec setsid "$(java_bin)" "-Xmx$HEAP" -XX:+UseSerialGC -XX:TieredStopAtLevel=1 \
+  # The data dir goes as a system property, which S3Proxy lays over its conf: one argument needs no
+  # escaping, where a properties file reads '\' as an escape and its bytes as Latin-1. The JVM
+  # decodes arguments and paths by the locale, so it gets UTF-8 whatever the caller's.
+  (cd "$DIR" && LC_ALL=C.UTF-8 exec setsid "$(java_bin)" "-Xmx$HEAP" -XX:+UseSerialGC \
+    -XX:TieredStopAtLevel=1 "-Djclouds.filesystem.basedir=$DATA" \
     -jar "$JAR" --properties "$CONF") >>"$LOG" 2>&1 </dev/null 9>&- &
   echo $! >"$PIDFILE"
-  wait_until 60 s3 "$LOG" answers || { stop >/dev/null; exit 1; }
+  wait_until --pid $! 60 s3 "$LOG" answers || { stop >/dev/null; exit 1; }
   ensure_bucket
   say "s3: listening on $URL (S3Proxy $VERSION, bucket $BUCKET, data in $DATA, settings in $ENV_FILE)"
 }

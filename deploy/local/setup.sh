@@ -12,13 +12,26 @@ APT_PACKAGES=(redis-server tesseract-ocr tesseract-ocr-eng poppler-utils git)
 # S3Proxy from Maven Central, a JRE 17 runs them, and the project needs Python 3.11 with venv.
 command -v mvn >/dev/null || APT_PACKAGES+=(maven)
 command -v curl >/dev/null || APT_PACKAGES+=(curl)
-[ -n "${RAGLINE_OPENSEARCH_JAVA_HOME:-}" ] || [ -x /usr/lib/jvm/java-17-openjdk-amd64/bin/java ] \
-  || APT_PACKAGES+=(openjdk-17-jre-headless)
-PYTHON=${PYTHON:-python3.11}
-python_fits() { "$PYTHON" -c 'import ensurepip, sys; sys.exit(sys.version_info[:2] != (3, 11))' 2>/dev/null; }
-if ! python_fits; then
-  PYTHON=python3
-  python_fits || { PYTHON=/usr/bin/python3.11 && APT_PACKAGES+=(python3.11 python3.11-venv); }
+# OpenSearch and S3Proxy each take their own JAVA_HOME, else this JRE (S3Proxy: else `java`).
+if [ ! -x /usr/lib/jvm/java-17-openjdk-amd64/bin/java ] && { [ -z "${RAGLINE_OPENSEARCH_JAVA_HOME:-}" ] \
+  || { [ -z "${RAGLINE_S3_JAVA_HOME:-}" ] && ! command -v java >/dev/null; }; }; then
+  APT_PACKAGES+=(openjdk-17-jre-headless)
+fi
+# A Python 3.11 with venv, only to make the venv where there is none.
+python_fits() { "$1" -c 'import ensurepip, sys; sys.exit(sys.version_info[:2] != (3, 11))' 2>/dev/null; }
+PYTHON=${PYTHON:-}
+if [ ! -x "$VENV/bin/python" ]; then
+  if [ -n "$PYTHON" ] && ! python_fits "$PYTHON"; then
+    say "setup: PYTHON=$PYTHON is not a Python 3.11 with venv; looking for one"
+    PYTHON=
+  fi
+  for candidate in python3.11 python3; do
+    [ -n "$PYTHON" ] || ! python_fits "$candidate" || PYTHON=$candidate
+  done
+  if [ -z "$PYTHON" ]; then
+    PYTHON=/usr/bin/python3.11
+    APT_PACKAGES+=(python3.11 python3.11-venv)
+  fi
 fi
 
 install_apt() {
@@ -31,6 +44,10 @@ install_apt() {
   local sudo=""
   [ "$(id -u)" -eq 0 ] || sudo="sudo"
   $sudo apt-get update -qq
+  if [[ " ${missing[*]} " == *" python3.11 "* ]] && ! apt-cache show python3.11 >/dev/null 2>&1; then
+    die "Ragline needs Python 3.11 with venv, and this system's apt has none (Ubuntu 24.04 and Debian 13 \
+ship other versions): install one (pyenv, uv, a distribution package) and run again with PYTHON=/path/to/python3.11"
+  fi
   DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
 }
 

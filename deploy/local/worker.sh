@@ -20,7 +20,8 @@ select_worker() { # NAME
   [[ $NAME =~ ^worker[A-Za-z0-9_-]*$ ]] || die "worker name '$NAME' must start with 'worker' (then letters, digits, _ or -)"
   PIDFILE=$STATE_DIR/$NAME.pid
   # Celery's command line names its pid file: a stale file naming another program is not the worker.
-  PID_MATCH="--pidfile[= ]$(literal "$PIDFILE")( |\$)"
+  # Its '%' signs are doubled there (`ragline worker` escapes them from Celery's expansion).
+  PID_MATCH="--pidfile[= ]$(literal "$PIDFILE" | sed 's/%/%%?/g')( |\$)"
   LOG=$LOG_DIR/$NAME.log
   QUEUES=$(worker_specs | sed -n "s/^$NAME=//p" | head -n1)
 }
@@ -56,9 +57,13 @@ start() {
   (cd "$REPO_ROOT" && RAGLINE_METRICS__WORKER_PORT=$port exec setsid "$VENV/bin/ragline" worker \
     --name "$NAME" --pidfile "$PIDFILE" ${QUEUES:+--queues "$QUEUES"}) >>"$LOG" 2>&1 </dev/null &
   LAUNCHED=$! LEADS=""
-  if ! await_worker 180 ready "starting"; then
+  local waited=0
+  await_worker 180 ready "starting" || waited=$?
+  if [ "$waited" -ne 0 ]; then
     tail -n 40 "$LOG" >&2 2>/dev/null || true
     abandon
+    [ "$waited" -ne 2 ] || die "$NAME cannot reach its broker ($(broker_refusal)); is Redis running" \
+      "(redis.sh start), and RAGLINE_REDIS__URL right? See $LOG"
     die "$NAME did not become healthy within 180s; see $LOG"
   fi
   local metrics="metrics off"
@@ -106,12 +111,19 @@ abandon() {
   fi
 }
 
-# await_worker SECONDS CHECK DOING: 0 once CHECK passes, 1 after SECONDS; fails the start at once
-# when the worker exits meanwhile.
+# Celery retries a broker it cannot reach for many minutes. The local stack starts Redis before its
+# workers, so a start ends after four refusals in a row (about 20 s), naming the broker.
+BROKER_REFUSALS=4
+broker_refused() { [ "$(grep -c 'consumer: Cannot connect to ' "$LOG")" -ge "$BROKER_REFUSALS" ]; }
+broker_refusal() { grep -o 'Cannot connect to [^ ]*' "$LOG" | tail -n 1 | sed 's/^Cannot connect to //; s/:$//'; }
+
+# await_worker SECONDS CHECK DOING: 0 once CHECK passes, 1 after SECONDS, 2 where the worker cannot
+# reach its broker before it is ready; fails the start at once when the worker exits meanwhile.
 await_worker() {
   local seconds=$1 check=$2 doing=$3 i
   for ((i = 0; i < seconds * 2; i++)); do
     "$check" && return 0
+    [ "$check" != ready ] || ! broker_refused || return 2
     # From its second poll on: the background shell may not have become the worker yet.
     if ((i > 1)) && gone; then
       tail -n 40 "$LOG" >&2 2>/dev/null || true

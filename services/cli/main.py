@@ -114,8 +114,8 @@ def worker(
         "--without-gossip",
         "--without-mingle",
     ]
-    if pidfile:
-        argv.append(f"--pidfile={pidfile}")
+    if pidfile:  # Celery expands %h, %n, %p and the like in it: a '%' of the path stays one
+        argv.append(f"--pidfile={pidfile.replace('%', '%%')}")
     # Pool processes write their metrics to files here for the main process to serve (see
     # workers/metrics.py); set before Celery imports prometheus_client, emptied so counts restart.
     metrics_dir = settings.state_dir / "metrics" / name

@@ -131,8 +131,10 @@ class ClusterStack:
 
 @pytest.fixture(scope="module")
 def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ClusterStack]:
-    # A path with spaces: the scripts pass it to Redis's configuration and the JVM's options.
-    state = tmp_path_factory.mktemp("cluster stack (2 nodes)")
+    # A path as users name them (spaces, quotes, " #" and ": ", a backslash, "%p", a letter outside
+    # ASCII): the scripts write it into Redis's and OpenSearch's configuration, the JVM's options
+    # and Celery's pid file, and find the services by it under the C locale.
+    state = tmp_path_factory.mktemp('cluster "stack" #2: nodes\\ü%p')
     http, transport, redis_port = _free_ports()
     urls = ",".join(f"http://127.0.0.1:{http + i}" for i in range(NODES))
     overrides = {
@@ -149,6 +151,7 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ClusterStack]:
         "RAGLINE_WORKERS": f"{PARSE_WORKER}=interactive,bulk {EMBED_WORKER}={EMBED_QUEUES}",
         "RAGLINE_METRICS__WORKER_PORT": "0",  # two workers here, and maybe a stack's worker beside them
         "HF_HUB_OFFLINE": "1",
+        "LC_ALL": "C",
     }
     env = {**os.environ, **overrides}
     with pytest.MonkeyPatch.context() as patch:

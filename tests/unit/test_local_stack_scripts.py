@@ -182,16 +182,29 @@ def _alive(pid: int) -> bool:
         return False
 
 
-def test_redis_runs_from_a_state_dir_whose_path_has_spaces_and_quotes(tmp_path: Path) -> None:
+# A state dir's path as users name them: spaces, quotes, a backslash, " #" and ": " (YAML's comment
+# and mapping), "%p" (Celery's and the JVM's pid placeholder) and a letter outside ASCII.
+AWKWARD = 'state (1) "a" #b: c\\ü%p'
+
+
+def test_redis_runs_from_a_relative_state_dir_whose_path_has_spaces_and_quotes(tmp_path: Path) -> None:
     """redis.conf took the path's first word for `dir` and Redis refused its configuration; and the
-    started Redis is the one `status` and a second `start` find by its pid file."""
+    started Redis is the one `status`, a second `start` and `stop` find, from another working
+    directory too (a relative state dir went to Redis as it was), and once its pid file is gone."""
     env = {**_env(tmp_path, _free_port()), "RAGLINE_REDIS_PORT": str(_free_port())}
-    env["RAGLINE_STATE_DIR"] = str(tmp_path / 'state (1) "a"')
+    env["RAGLINE_STATE_DIR"] = AWKWARD
     script = str(REPO / "deploy/local/redis.sh")
 
     def redis(command: str) -> subprocess.CompletedProcess[str]:
+        absolute = env | {"RAGLINE_STATE_DIR": str(tmp_path / AWKWARD)} if command != "start" else env
         return subprocess.run(
-            ["bash", script, command], env=env, capture_output=True, text=True, timeout=60, check=False
+            ["bash", script, command],
+            env=absolute,
+            cwd=tmp_path,
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=False,
         )
 
     try:
@@ -200,6 +213,9 @@ def test_redis_runs_from_a_state_dir_whose_path_has_spaces_and_quotes(tmp_path: 
         assert redis("status").returncode == 0
         again = redis("start")
         assert "already running" in again.stdout, again.stdout + again.stderr
+        # A pid file removed by hand: Redis is still this state dir's, for status and stop.
+        (tmp_path / AWKWARD / "redis/redis.pid").unlink()
+        assert redis("status").returncode == 0
     finally:
         stopped = redis("stop")
     assert "redis: stopped" in stopped.stdout, stopped.stdout + stopped.stderr
@@ -230,3 +246,60 @@ def test_two_s3_starts_at_once_leave_one_running_s3proxy(tmp_path: Path) -> None
         assert len(running.stdout.split()) == 1, running.stdout
     finally:
         s3("stop").wait(timeout=60)
+
+
+def test_s3_runs_from_a_state_dir_with_a_backslash_and_non_ascii_under_the_c_locale(tmp_path: Path) -> None:
+    """S3Proxy read its data dir from a properties file, where a backslash is an escape and bytes
+    are Latin-1: its objects went elsewhere. Under the C locale `ps` printed the path's other
+    bytes as "?", so `status` took the running server for stopped and `stop` left it running."""
+    state = tmp_path / AWKWARD
+    env = {**_env(tmp_path, _free_port()), "RAGLINE_S3_PORT": str(_free_port()), "LC_ALL": "C"}
+    env["RAGLINE_STATE_DIR"] = str(state)
+    script = str(REPO / "deploy/local/s3.sh")
+
+    def s3(command: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            ["bash", script, command], env=env, capture_output=True, text=True, timeout=120, check=False
+        )
+
+    try:
+        started = s3("start")
+        assert started.returncode == 0, started.stdout + started.stderr
+        assert (state / "s3/data/ragline").is_dir()  # the bucket, where the script says its data is
+        status = s3("status")
+        assert status.returncode == 0, status.stdout + status.stderr
+    finally:
+        stopped = s3("stop")
+    assert "s3: stopped" in stopped.stdout, stopped.stdout + stopped.stderr
+    running = subprocess.run(
+        ["pgrep", "-f", "--", "s3proxy.jar"], capture_output=True, text=True, check=False
+    )
+    assert not [pid for pid in running.stdout.split() if _runs_in(int(pid), state)]
+
+
+def _runs_in(pid: int, folder: Path) -> bool:
+    try:
+        return Path(f"/proc/{pid}/cwd").resolve().is_relative_to(folder)
+    except OSError:
+        return False
+
+
+def test_a_worker_that_cannot_reach_its_broker_fails_its_start_soon_and_is_stopped(tmp_path: Path) -> None:
+    """Celery retries a broker it cannot reach for many minutes: the start waited out its 180 s
+    before it failed, and said only that the worker was not healthy."""
+    nothing = _free_port()
+    env = _env(tmp_path, _free_port(), RAGLINE_REDIS__URL=f"redis://:secret@127.0.0.1:{nothing}/0")
+    env["RAGLINE_METRICS__WORKER_PORT"] = "0"
+    script = str(REPO / "deploy/local/worker.sh")
+    try:
+        started = subprocess.run(
+            ["bash", script, "start"], env=env, capture_output=True, text=True, timeout=120, check=False
+        )
+    finally:
+        subprocess.run(["bash", script, "stop"], env=env, capture_output=True, timeout=120, check=False)
+    assert started.returncode != 0
+    assert f"cannot reach its broker (redis://:**@127.0.0.1:{nothing}/0)" in started.stderr, started.stderr
+    assert "secret" not in started.stderr + started.stdout
+    pid_file = f"{tmp_path / 'state' / 'worker.pid'}"
+    left = subprocess.run(["pgrep", "-f", "--", pid_file], capture_output=True, text=True, check=False)
+    assert left.stdout == "", left.stdout
