@@ -148,7 +148,7 @@ class Bench:
         is an error when `required`."""
         texts = chunk_index.kb_chunk_texts(self.client, self.settings, kb)
         if required and not texts:
-            raise SystemExit(f"bench: no chunks of {kb} found in {chunks_alias(self.settings)}")
+            raise SystemExit(f"bench: no chunks of {kb} in any chunk index ({chunks_alias(self.settings)}*)")
         return texts
 
     def raw_sample(self, texts: list[str], slices: int = 1) -> list[str]:

@@ -238,14 +238,17 @@ def kb_chunk_texts(client: OpenSearch, settings: Settings, kb_id: str) -> list[s
         scroll="2m",
         body={"size": 1000, "query": {"term": {"kb_id": kb_id}}, "_source": ["text", "context"]},
     )
-    while hits := response["hits"]["hits"]:
-        texts += [
-            f"{h['_source']['context']}\n{h['_source']['text']}"
-            if h["_source"].get("context")
-            else h["_source"]["text"]
-            for h in hits
-        ]
-        response = client.scroll(scroll_id=response["_scroll_id"], scroll="2m")
+    try:
+        while hits := response["hits"]["hits"]:
+            texts += [
+                f"{h['_source']['context']}\n{h['_source']['text']}"
+                if h["_source"].get("context")
+                else h["_source"]["text"]
+                for h in hits
+            ]
+            response = client.scroll(scroll_id=response["_scroll_id"], scroll="2m")
+    finally:  # else its search context holds segments open until it times out
+        client.clear_scroll(scroll_id=response["_scroll_id"])
     return texts
 
 
