@@ -158,7 +158,7 @@ def release_for_retry(doc: Document, stage: Stage, error: RaglineError, lease_un
 def release_turn(doc: Document, lease_until: datetime, stage: Stage, tally: TurnTally | None) -> Document:
     """The document released between two turns of its stage, for a resend due before `lease_until`:
     it stays at the stage with no error, as nothing failed. Its progress moves by the share of the
-    stage done, and its stats keep what the turns encoded (the last turn's stats count it)."""
+    stage done, and the embed stage's stats keep what its turns encoded (its last turn counts it)."""
     released = doc.model_copy()
     released.attempts = max(0, released.attempts - 1)  # a turn is not a lost claim either
     released.claimed_by = None
@@ -167,6 +167,8 @@ def release_turn(doc: Document, lease_until: datetime, stage: Stage, tally: Turn
         return released
     share = (PIPELINE.index(stage) + tally.done / tally.total) / len(PIPELINE)
     released.progress = max(released.progress, round(share, 4))
+    if stage != Stage.EMBED:  # the turns' stats are the embed stage's (workers/stages/embed.py)
+        return released
     turns = doc.stats.get(TURNS, {})
     if turns.get("version") != doc.content_version:
         turns = {"version": doc.content_version, "count": 0, "embedded": 0}

@@ -15,8 +15,8 @@ from shared.config import Settings
 from tests.e2e.helpers import MAX_FILE_BYTES, Server, start_server, stop_server
 from tests.e2e.own_stack import OwnStack, own_stack
 
-# Redis databases: the stack 0, the S3 pass 1, test_observability 11, test_ingest_url 12, the
-# quiet database no worker serves 13, the sources stack 14.
+# Redis databases: the stack 0, the S3 pass 1, test_pii_turns 10, test_observability 11,
+# test_ingest_url 12, the quiet database no worker serves 13, the sources stack 14.
 SOURCES_REDIS_DB = 14
 
 

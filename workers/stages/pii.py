@@ -4,25 +4,32 @@ Runs before embed and store, so neither the BM25 text nor the vector ever sees a
 value. The document's parsed text is analyzed once; each chunk takes the findings inside its
 span. Titles, headings and headers are analyzed too, since they are indexed as well. This
 stage is what gives the registry the document's title and the chunks their keywords, both from
-the redacted text: nothing raw is recorded before it, or when it fails the document.
+the redacted text: nothing raw is recorded before it, or when it fails the document. A long text
+is analyzed in turns (`Turn`), as a document of many chunks is embedded in turns.
 """
 
 from __future__ import annotations
 
 import hashlib
 import hmac
+import json
+import math
 import os
 import re
+import time
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass
 from functools import lru_cache
 from typing import Any
+
+import redis
 
 from shared.embedding import TokenCounter, token_counter
 from shared.errors import ErrorCode, PermanentError
 from shared.models import Document, PiiPolicy, check_pii_entities
 from workers.context import WorkerContext
-from workers.stages.base import StageResult
+from workers.stages.base import StageResult, TurnEnded, TurnTally
 from workers.stages.chunk import body_budget, split_long
 from workers.stages.enrich import keywords
 
@@ -39,6 +46,9 @@ WINDOW_OVERLAP = 2_000
 _LABEL_SEPARATOR = "\n\n"
 _ALNUM = re.compile(r"[A-Za-z0-9]")
 _PLACEHOLDER = re.compile(r"<[A-Z][A-Z_]*(?::[0-9a-f]{12})?>")  # what `replacement` writes
+# A window's findings outlive the turn that analyzed them by this much: the document's next turns,
+# and a retry after a failure later in the stage, read them instead of analyzing the window again.
+FINDINGS_TTL_S = 24 * 3600
 
 
 @dataclass(frozen=True)
@@ -93,22 +103,79 @@ def analysis_windows(
         start = end - overlap
 
 
-def find(text: str, entities: list[str], threshold: float) -> list[Finding]:
-    """Non-overlapping findings in `text`, in order.
+class Turn:
+    """One turn of a document's analysis: the findings of each window are cached (Redis, the
+    tenant's own, as the embedding cache is), and a window analyzed in an earlier turn is read
+    from there. Once `turn_s` has run out with windows left to analyze, the turn ends
+    (TurnEnded): a text of megabytes held its worker process for minutes, and every other
+    tenant's documents waited behind it. Each turn analyzes one window at least."""
+
+    def __init__(
+        self,
+        broker: redis.Redis,
+        doc: tuple[str, str, str],
+        entities: list[str],
+        threshold: float,
+        texts: list[str],
+        turn_s: float = math.inf,
+    ) -> None:
+        self.broker, self.ends = broker, time.monotonic() + turn_s
+        self.doc = doc  # (tenant_id, kb_id, doc_id), as TurnEnded names it
+        # What the findings depend on besides the window: the entities asked for and the threshold.
+        self.prefix = f"ragline:pii:{doc[0]}:{SPACY_MODEL}:{threshold}:{','.join(sorted(entities))}:"
+        self.total = sum(len(analysis_windows(len(text))) for text in texts)
+        self.done = self.analyzed = 0
+
+    def findings(self, windows: list[str], analyze: Callable[[str], list[Finding]]) -> list[list[Finding]]:
+        """Each window's findings (offsets into the window): cached, else `analyze(window)`."""
+        keys = [self.prefix + hashlib.sha256(window.encode()).hexdigest() for window in windows]
+        cached = self.broker.mget(keys) if keys else []
+        out: list[list[Finding]] = []
+        for window, key, hit in zip(windows, keys, cached, strict=True):
+            if hit is None:
+                if self.analyzed and time.monotonic() >= self.ends:
+                    raise TurnEnded(
+                        self.done, self.total, {self.doc: TurnTally(self.done, self.total, self.analyzed)}
+                    )
+                found: list[Finding] = analyze(window)
+                self.broker.set(
+                    key, json.dumps([[f.start, f.end, f.entity, f.score] for f in found]), ex=FINDINGS_TTL_S
+                )
+                self.analyzed += 1
+            else:
+                found = [Finding(*row) for row in json.loads(hit)]
+            self.done += 1
+            out.append(found)
+        return out
+
+
+def find(text: str, entities: list[str], threshold: float, turn: Turn | None = None) -> list[Finding]:
+    """Non-overlapping findings in `text`, in order; with `turn`, each window's are cached there
+    and the analysis may end with the turn (TurnEnded).
 
     A value in an overlap is found by both windows (whole in one, perhaps cut in the other):
     merging the findings leaves one finding per value, covering every character either flagged,
     with offsets into `text`.
     """
-    raw: list[Finding] = []
-    for start, end in analysis_windows(len(text)):
-        window = text[start:end]
-        for r in analyzer().analyze(text=window, language="en", entities=entities, score_threshold=threshold):
-            raw.append(Finding(start + r.start, start + r.end, r.entity_type, r.score))
+
+    def analyze(window: str) -> list[Finding]:
+        results = analyzer().analyze(text=window, language="en", entities=entities, score_threshold=threshold)
+        return [Finding(r.start, r.end, r.entity_type, r.score) for r in results]
+
+    spans = analysis_windows(len(text))
+    windows = [text[start:end] for start, end in spans]
+    per_window = turn.findings(windows, analyze) if turn is not None else [analyze(w) for w in windows]
+    raw = [
+        Finding(start + f.start, start + f.end, f.entity, f.score)
+        for (start, _), found in zip(spans, per_window, strict=True)
+        for f in found
+    ]
     return merge_overlaps(raw)
 
 
-def find_each(texts: list[str], entities: list[str], threshold: float) -> list[list[Finding]]:
+def find_each(
+    texts: list[str], entities: list[str], threshold: float, turn: Turn | None = None
+) -> list[list[Finding]]:
     """`find` for many short texts in one analysis: each call pays Presidio's fixed cost, which
     for a document's titles, headings and context headers outweighs the analysis itself.
     A finding is clipped to the text it falls in; the blank line between texts keeps the NER
@@ -117,7 +184,7 @@ def find_each(texts: list[str], entities: list[str], threshold: float) -> list[l
     for text in texts:
         starts.append(cursor)
         cursor += len(text) + len(_LABEL_SEPARATOR)
-    findings = find(_LABEL_SEPARATOR.join(texts), entities, threshold)
+    findings = find(labelled(texts), entities, threshold, turn)
     out: list[list[Finding]] = []
     for text, start in zip(texts, starts, strict=True):
         end = start + len(text)
@@ -129,6 +196,11 @@ def find_each(texts: list[str], entities: list[str], threshold: float) -> list[l
             ]
         )
     return out
+
+
+def labelled(texts: list[str]) -> str:
+    """The one text `find_each` analyzes for `texts`."""
+    return _LABEL_SEPARATOR.join(texts)
 
 
 def merge_overlaps(findings: list[Finding]) -> list[Finding]:
@@ -228,12 +300,20 @@ def run(ctx: WorkerContext, doc: Document, enriched: dict[str, Any]) -> StageRes
     chunks: list[dict[str, Any]] = enriched["chunks"]
     # Chunks are spans of the parsed text: analyzing it once covers every chunk and overlap.
     text: str = enriched["text"]
-    findings = find(text, entities, threshold)
-    counts: Counter[str] = Counter(f.entity for f in findings)
     labels = sorted(
         {enriched["title"], *(c["context"] for c in chunks), *(h for c in chunks for h in c["headings"])}
     )
-    label_findings = dict(zip(labels, find_each(labels, entities, threshold), strict=True))
+    turn = Turn(
+        ctx.redis,
+        (doc.tenant_id, doc.kb_id, doc.doc_id),
+        entities,
+        threshold,
+        [text, labelled(labels)],
+        ctx.settings.pii.turn_s,
+    )
+    findings = find(text, entities, threshold, turn)
+    counts: Counter[str] = Counter(f.entity for f in findings)
+    label_findings = dict(zip(labels, find_each(labels, entities, threshold, turn), strict=True))
     for label_hits in label_findings.values():
         counts.update(f.entity for f in label_hits)
 
