@@ -70,8 +70,8 @@ development key this stack refuses (`AUTH_ERROR`, naming the key file it sent): 
 none (a Python 3.11 with `venv`; unset: `python3.11` or `python3` where one is 3.11, else
 Debian's `python3.11` from apt). OpenSearch runs on `RAGLINE_OPENSEARCH_JAVA_HOME` and S3Proxy on
 `RAGLINE_S3_JAVA_HOME`, each else Debian's OpenJDK 17, which setup installs where it is needed.
-`RAGLINE_STATE_DIR` may be relative (to where the scripts run) and hold any character but a
-newline.
+`RAGLINE_STATE_DIR` may be relative (to where the scripts run) and hold any UTF-8 character but
+control characters and `${` (which OpenSearch expands in its settings); the scripts refuse those.
 
 A stack on other ports (a second one beside the first, a port already taken): set the ports
 above. The services the scripts start then use the moved OpenSearch and Redis (the scripts set

@@ -13,6 +13,8 @@ URL=http://127.0.0.1:$PORT
 # The API's command line, or this script's own subshell before it execs the API. Any port: `stop`
 # without the RAGLINE_API__PORT that `start` had still stops the API its pid file names.
 PID_MATCH="ragline serve --host 127\.0\.0\.1 --port [0-9]+( |\$)|(^|[ /])api\.sh start\$"
+# Every stack's API has that command line: this one's also runs with this state dir.
+PID_OWN_STATE=yes
 
 dev_key() {
   if [ ! -s "$KEYS" ]; then

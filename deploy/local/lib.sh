@@ -3,27 +3,34 @@
 
 REPO_ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
 STATE_DIR=${RAGLINE_STATE_DIR:-$REPO_ROOT/.ragline}
-case $STATE_DIR in
-  *$'\n'*)
-    printf 'error: RAGLINE_STATE_DIR %q holds a newline, which no config file here can name\n' "$STATE_DIR" >&2
-    exit 1
-    ;;
-esac
-# Absolute, and passed on so: the servers and services started here resolve it from other dirs.
+# The path goes into config files of four formats and onto command lines: one holding control
+# characters (a newline ends a line in all of them), bytes that are not UTF-8 (the JVMs decode
+# paths as UTF-8) or "${" (OpenSearch expands it in its settings, even in a path it was given
+# relative) would be misread by one of them, so it is refused.
+if ! iconv -f UTF-8 -t UTF-8 <<<"$STATE_DIR" >/dev/null 2>&1 \
+  || (LC_ALL=C.UTF-8 && [[ $STATE_DIR == *[[:cntrl:]]* ]]) || [[ $STATE_DIR == *'${'* ]]; then
+  printf 'error: RAGLINE_STATE_DIR %q holds control characters, bytes that are not UTF-8 or "${"\n' \
+    "$STATE_DIR" >&2
+  exit 1
+fi
+case $STATE_DIR in /*) ;; *) STATE_DIR=./$STATE_DIR ;; esac # never an option, nor cd's "-"
+# Absolute, and passed on so: the servers and services started here resolve it from other dirs,
+# and a service's own tells whose it is (see pid_running).
 mkdir -p "$STATE_DIR"
 STATE_DIR=$(CDPATH='' cd "$STATE_DIR" && pwd)
-[ -z "${RAGLINE_STATE_DIR:-}" ] || export RAGLINE_STATE_DIR=$STATE_DIR
-# quoted TEXT: TEXT in double quotes with '\', '"' and tabs escaped: one JSON string, YAML scalar or
+export RAGLINE_STATE_DIR=$STATE_DIR
+# quoted TEXT: TEXT in double quotes with '\' and '"' escaped: one JSON string, YAML scalar or
 # redis.conf argument (the state dir's path may hold spaces, quotes, '#' or ': ').
-quoted() { printf '"%s"' "$(printf '%s' "$1" | sed 's/[\\"]/\\&/g; s/\t/\\t/g')"; }
+quoted() { printf '"%s"' "$(printf '%s' "$1" | sed 's/[\\"]/\\&/g')"; }
 
 VENV=${RAGLINE_VENV:-$REPO_ROOT/.venv}
 LOG_DIR=$STATE_DIR/logs
 mkdir -p "$LOG_DIR"
-# A service's command line, as an ERE, and its working directory, where its script sets them (see
-# pid_running); never the caller's.
+# A service's command line, as an ERE, and its working directory, where its script sets them, and
+# whether it must run with this state dir (see pid_running); never the caller's.
 PID_MATCH=
 PID_CWD=
+PID_OWN_STATE=
 # The local stack's folder sources read under the state dir's sources/ unless told otherwise
 # (docs/api.md#sources): a source may only read where an operator allowed it.
 export RAGLINE_SOURCES__FOLDER_ROOTS=${RAGLINE_SOURCES__FOLDER_ROOTS:-"[$(quoted "$STATE_DIR/sources")]"}
@@ -64,19 +71,29 @@ fresh_log() {
 }
 
 # pid_running PIDFILE: true when the file names a live process, one whose command line matches
-# $PID_MATCH and whose working directory is $PID_CWD where the script sets them (a pid file that
-# outlived its process, across a reboot or a crash, can name another program's, which `stop` would
-# signal); removes a stale file.
+# $PID_MATCH, whose working directory is $PID_CWD and, with $PID_OWN_STATE, whose state dir is this
+# one, where the script sets them (a pid file that outlived its process, across a reboot or a
+# crash, can name another program's, or another stack's, which `stop` would signal); removes a
+# stale file.
 pid_running() {
   local pidfile=$1 pid
   [ -f "$pidfile" ] || return 1
   pid=$(cat "$pidfile" 2>/dev/null || true)
   if [ -n "$pid" ] && alive "$pid" && { [ -z "${PID_MATCH:-}" ] || ours "$pid"; } \
-    && { [ -z "${PID_CWD:-}" ] || [ "$(readlink "/proc/$pid/cwd" 2>/dev/null)" = "$PID_CWD" ]; }; then
+    && { [ -z "${PID_CWD:-}" ] || [ "$(readlink "/proc/$pid/cwd" 2>/dev/null)" = "$PID_CWD" ]; } \
+    && { [ -z "${PID_OWN_STATE:-}" ] || [ "$(state_dir_of "$pid")" = "$STATE_DIR" ]; }; then
     return 0
   fi
   rm -f "$pidfile"
   return 1
+}
+
+# state_dir_of PID: the state dir a service of ours runs with: its RAGLINE_STATE_DIR, which these
+# scripts always pass on, else the default (a service started before they did).
+state_dir_of() {
+  local theirs
+  theirs=$(tr '\0' '\n' 2>/dev/null <"/proc/$1/environ" | sed -n 's/^RAGLINE_STATE_DIR=//p' | tail -n 1) \
+    && printf '%s' "${theirs:-$REPO_ROOT/.ragline}"
 }
 
 # alive PID: the process runs (kill -0 still finds a zombie).

@@ -369,8 +369,11 @@ find_pids() { # [all]
   for p in /proc/[0-9]*; do
     cmd=$(tr '\0' ' ' 2>/dev/null <"$p/cmdline") || continue
     case "$cmd" in *org.opensearch.bootstrap.OpenSearch*) ;; *) continue ;; esac
-    if [ "${1:-}" = all ]; then
-      case "$cmd" in *"-Dopensearch.path.conf=$OS_STATE/"*"config "*) echo "${p#/proc/}" ;; esac
+    if [ "${1:-}" = all ]; then # a node's own config dir, not one of a state dir nested inside
+      case "$cmd" in *"-Dopensearch.path.conf=$OS_STATE/"*) ;; *) continue ;; esac
+      if [[ ${cmd#*"-Dopensearch.path.conf=$OS_STATE/"} =~ ^(node-[0-9]+/)?config\  ]]; then
+        echo "${p#/proc/}"
+      fi
     else
       case "$cmd" in *"-Dopensearch.path.conf=$CONF_DIR "*) echo "${p#/proc/}" ;; esac
     fi

@@ -35,10 +35,13 @@ running() {
   return 1
 }
 
-ping() { redis-cli -h 127.0.0.1 -p "$PORT" ping 2>/dev/null | grep -q PONG; }
+# Bounded: a port that accepts but never answers held the start for good.
+ping() { timeout 5 redis-cli -h 127.0.0.1 -p "$PORT" ping 2>/dev/null | grep -q PONG; }
 
+# One start or stop at a time (serialise), as for the other servers.
 start() {
   install
+  serialise redis
   mkdir -p "$DIR"
   if running; then
     say "redis: already running on redis://127.0.0.1:$PORT"
@@ -59,14 +62,20 @@ save 60 1000
 logfile $(quoted "$LOG")
 pidfile $(quoted "$PIDFILE")
 CONF
-  setsid redis-server "$DIR/redis.conf" >>"$LOG" 2>&1 </dev/null &
+  # On its stdin: Redis reads a config path holding '*', '?' or '[' as a glob, which matched
+  # nothing (and Redis ran on its defaults, port 6379) or another state dir's file.
+  (cd "$DIR" && exec setsid redis-server -) <"$DIR/redis.conf" >>"$LOG" 2>&1 9>&- &
   local launched=$!
-  wait_until --pid "$launched" 30 redis "$LOG" ping
-  wait_until --pid "$launched" 10 redis "$LOG" test -s "$PIDFILE"
+  if ! wait_until --pid "$launched" 30 redis "$LOG" ping \
+    || ! wait_until --pid "$launched" 10 redis "$LOG" test -s "$PIDFILE"; then
+    stop_launched "$launched" # not left running where the next start could not find it
+    exit 1
+  fi
   say "redis: listening on redis://127.0.0.1:$PORT (data in $DIR)"
 }
 
 stop() {
+  serialise redis
   running || true
   stop_pidfile "$PIDFILE" redis 20
 }

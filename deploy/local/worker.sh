@@ -20,8 +20,8 @@ select_worker() { # NAME
   [[ $NAME =~ ^worker[A-Za-z0-9_-]*$ ]] || die "worker name '$NAME' must start with 'worker' (then letters, digits, _ or -)"
   PIDFILE=$STATE_DIR/$NAME.pid
   # Celery's command line names its pid file: a stale file naming another program is not the worker.
-  # Its '%' signs are doubled there (`ragline worker` escapes them from Celery's expansion).
-  PID_MATCH="--pidfile[= ]$(literal "$PIDFILE" | sed 's/%/%%?/g')( |\$)"
+  # Celery's has its '%' signs doubled (`ragline worker` escapes them from Celery's expansion).
+  PID_MATCH="--pidfile( $(literal "$PIDFILE")|=$(literal "${PIDFILE//%/%%}"))( |\$)"
   LOG=$LOG_DIR/$NAME.log
   QUEUES=$(worker_specs | sed -n "s/^$NAME=//p" | head -n1)
 }

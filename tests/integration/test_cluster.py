@@ -132,9 +132,9 @@ class ClusterStack:
 @pytest.fixture(scope="module")
 def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ClusterStack]:
     # A path as users name them (spaces, quotes, " #" and ": ", a backslash, "%p", a letter outside
-    # ASCII): the scripts write it into Redis's and OpenSearch's configuration, the JVM's options
-    # and Celery's pid file, and find the services by it under the C locale.
-    state = tmp_path_factory.mktemp('cluster "stack" #2: nodes\\ü%p')
+    # ASCII, glob characters): the scripts write it into Redis's and OpenSearch's configuration,
+    # the JVM's options and Celery's pid file, and find the services by it under the C locale.
+    state = tmp_path_factory.mktemp('cluster "stack" #2: nodes\\ü%p [z]*?')
     http, transport, redis_port = _free_ports()
     urls = ",".join(f"http://127.0.0.1:{http + i}" for i in range(NODES))
     overrides = {

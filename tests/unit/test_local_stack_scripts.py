@@ -106,7 +106,8 @@ def test_a_stale_pid_file_naming_another_program_is_not_the_api_and_is_not_signa
 ) -> None:
     """A pid file that outlived its service (a reboot, a crash) can name another program: `stop`
     signalled its whole process group, and `start` said "already running" and started nothing.
-    Redis's bystander runs in Redis's data dir, which alone does not make it Redis."""
+    Redis's bystander runs in Redis's data dir, which alone does not make it Redis; the API's is
+    named as another stack's API is, whose state dir is not this one."""
     env = _env(tmp_path, _free_port())
     state = Path(env["RAGLINE_STATE_DIR"])
     pid_files = {
@@ -117,11 +118,17 @@ def test_a_stale_pid_file_naming_another_program_is_not_the_api_and_is_not_signa
     }
     for script, pid_file in pid_files.items():
         pid_file.parent.mkdir(parents=True, exist_ok=True)
-        # Named as the service would be (S3Proxy's jar and conf), but elsewhere: still not it.
-        named = f"s3proxy.jar --properties {pid_file.parent / 's3proxy.conf'}"
-        command = ["bash", "-c", f"exec -a '{named}' sleep 30"] if script == "s3.sh" else ["sleep", "30"]
+        # Named as the service would be, but elsewhere: still not it.
+        named = {
+            "s3.sh": f"s3proxy.jar --properties {pid_file.parent / 's3proxy.conf'}",
+            "api.sh": "ragline serve --host 127.0.0.1 --port 8000",
+        }
+        command = (
+            ["bash", "-c", f"exec -a '{named[script]}' sleep 30"] if script in named else ["sleep", "30"]
+        )
         cwd = tmp_path if script == "s3.sh" else pid_file.parent
-        bystander = subprocess.Popen(command, start_new_session=True, cwd=cwd)
+        others = env | {"RAGLINE_STATE_DIR": str(tmp_path / "another stack")}
+        bystander = subprocess.Popen(command, start_new_session=True, cwd=cwd, env=others)
         try:
             pid_file.write_text(f"{bystander.pid}\n")
             stopped = subprocess.run(
@@ -183,8 +190,9 @@ def _alive(pid: int) -> bool:
 
 
 # A state dir's path as users name them: spaces, quotes, a backslash, " #" and ": " (YAML's comment
-# and mapping), "%p" (Celery's and the JVM's pid placeholder) and a letter outside ASCII.
-AWKWARD = 'state (1) "a" #b: c\\ü%p'
+# and mapping), "%p" (Celery's and the JVM's pid placeholder), a letter outside ASCII, glob
+# characters (Redis reads its config path as a glob).
+AWKWARD = 'state (1) "a" #b: c\\ü%p *?[z]'
 
 
 def test_redis_runs_from_a_relative_state_dir_whose_path_has_spaces_and_quotes(tmp_path: Path) -> None:
@@ -303,3 +311,47 @@ def test_a_worker_that_cannot_reach_its_broker_fails_its_start_soon_and_is_stopp
     pid_file = f"{tmp_path / 'state' / 'worker.pid'}"
     left = subprocess.run(["pgrep", "-f", "--", pid_file], capture_output=True, text=True, check=False)
     assert left.stdout == "", left.stdout
+
+
+def test_a_state_dir_with_control_characters_or_bytes_outside_utf8_is_refused(tmp_path: Path) -> None:
+    """A tab or an escape went into JSON and YAML raw (both refuse them), a byte outside UTF-8 into
+    the JVMs (which decode paths as UTF-8) and "${HOME}" into OpenSearch (which expands it): each
+    failed later, or put data elsewhere, and a newline would have ended a line of every config
+    file. A name that reads as an option is a folder like any other."""
+    script = str(REPO / "deploy/local/redis.sh")
+    for bad in (b"tab\there", b"esc\x1bhere", b"line\nbreak", b"latin1 \xfc", b"${HOME}"):
+        env = {**_env(tmp_path, _free_port())}
+        env_bytes = {k.encode(): v.encode() for k, v in env.items()} | {
+            b"RAGLINE_STATE_DIR": bytes(tmp_path) + b"/" + bad
+        }
+        refused = subprocess.run(
+            ["bash", script, "status"], env=env_bytes, capture_output=True, timeout=30, check=False
+        )
+        assert refused.returncode == 1, (bad, refused.stderr)
+        assert b"holds control characters, bytes that are not UTF-8 or" in refused.stderr, refused.stderr
+    assert sorted(p.name for p in tmp_path.iterdir()) == []  # none of them was made
+    for option in ("-", "--", "-d"):
+        env = {**_env(tmp_path, _free_port()), "RAGLINE_STATE_DIR": option}
+        status = subprocess.run(
+            ["bash", script, "status"], env=env, cwd=tmp_path, capture_output=True, timeout=30, check=False
+        )
+        assert status.returncode == 3, status.stderr
+        assert (tmp_path / option / "logs").is_dir()
+
+
+def test_redis_start_is_bounded_when_its_port_accepts_but_never_answers(tmp_path: Path) -> None:
+    """redis-cli's ping waited on such a port without end, and the start with it."""
+    silent = socket.socket()
+    silent.bind(("127.0.0.1", 0))
+    silent.listen(8)
+    env = {**_env(tmp_path, _free_port()), "RAGLINE_REDIS_PORT": str(silent.getsockname()[1])}
+    script = str(REPO / "deploy/local/redis.sh")
+    try:
+        started = subprocess.run(
+            ["bash", script, "start"], env=env, capture_output=True, text=True, timeout=90, check=False
+        )
+    finally:
+        silent.close()
+        subprocess.run(["bash", script, "stop"], env=env, capture_output=True, timeout=60, check=False)
+    assert started.returncode != 0, started.stdout
+    assert "redis exited while starting" in started.stderr, started.stderr
