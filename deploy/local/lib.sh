@@ -92,6 +92,7 @@ pid_running() {
 # scripts always pass on, else the default (a service started before they did).
 state_dir_of() {
   local theirs
+  [ -r "/proc/$1/environ" ] || return 1
   theirs=$(tr '\0' '\n' 2>/dev/null <"/proc/$1/environ" | sed -n 's/^RAGLINE_STATE_DIR=//p' | tail -n 1) \
     && printf '%s' "${theirs:-$REPO_ROOT/.ragline}"
 }
