@@ -26,6 +26,21 @@ def _env(tmp_path: Path, port: int, **extra: str) -> dict[str, str]:
     return {**clean, "RAGLINE_STATE_DIR": str(tmp_path / "state"), "RAGLINE_API__PORT": str(port), **extra}
 
 
+def _script(
+    name: str, command: str, env: dict[str, str], *, cwd: Path | None = None, timeout: float = 60
+) -> subprocess.CompletedProcess[str]:
+    """`deploy/local/NAME.sh COMMAND`, its output captured."""
+    return subprocess.run(
+        ["bash", str(REPO / f"deploy/local/{name}.sh"), command],
+        env=env,
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        check=False,
+    )
+
+
 def _start(env: dict[str, str]) -> subprocess.CompletedProcess[str]:
     """`api.sh start`, then `stop`: an API that started after all is not left running."""
     script = REPO / "deploy/local/api.sh"
@@ -131,14 +146,7 @@ def test_a_stale_pid_file_naming_another_program_is_not_the_api_and_is_not_signa
         bystander = subprocess.Popen(command, start_new_session=True, cwd=cwd, env=others)
         try:
             pid_file.write_text(f"{bystander.pid}\n")
-            stopped = subprocess.run(
-                ["bash", str(REPO / "deploy/local" / script), "stop"],
-                env=env,
-                capture_output=True,
-                text=True,
-                timeout=60,
-                check=False,
-            )
+            stopped = _script(script.removesuffix(".sh"), "stop", env)
             assert stopped.returncode == 0, stopped.stderr
             assert "not running" in stopped.stdout, stopped.stdout
             assert bystander.poll() is None  # still running: not ours to stop
@@ -201,19 +209,10 @@ def test_redis_runs_from_a_relative_state_dir_whose_path_has_spaces_and_quotes(t
     directory too (a relative state dir went to Redis as it was), and once its pid file is gone."""
     env = {**_env(tmp_path, _free_port()), "RAGLINE_REDIS_PORT": str(_free_port())}
     env["RAGLINE_STATE_DIR"] = AWKWARD
-    script = str(REPO / "deploy/local/redis.sh")
 
     def redis(command: str) -> subprocess.CompletedProcess[str]:
         absolute = env | {"RAGLINE_STATE_DIR": str(tmp_path / AWKWARD)} if command != "start" else env
-        return subprocess.run(
-            ["bash", script, command],
-            env=absolute,
-            cwd=tmp_path,
-            capture_output=True,
-            text=True,
-            timeout=60,
-            check=False,
-        )
+        return _script("redis", command, absolute, cwd=tmp_path)
 
     try:
         started = redis("start")
@@ -263,12 +262,9 @@ def test_s3_runs_from_a_state_dir_with_a_backslash_and_non_ascii_under_the_c_loc
     state = tmp_path / AWKWARD
     env = {**_env(tmp_path, _free_port()), "RAGLINE_S3_PORT": str(_free_port()), "LC_ALL": "C"}
     env["RAGLINE_STATE_DIR"] = str(state)
-    script = str(REPO / "deploy/local/s3.sh")
 
     def s3(command: str) -> subprocess.CompletedProcess[str]:
-        return subprocess.run(
-            ["bash", script, command], env=env, capture_output=True, text=True, timeout=120, check=False
-        )
+        return _script("s3", command, env, timeout=120)
 
     try:
         started = s3("start")
@@ -298,13 +294,10 @@ def test_a_worker_that_cannot_reach_its_broker_fails_its_start_soon_and_is_stopp
     nothing = _free_port()
     env = _env(tmp_path, _free_port(), RAGLINE_REDIS__URL=f"redis://:secret@127.0.0.1:{nothing}/0")
     env["RAGLINE_METRICS__WORKER_PORT"] = "0"
-    script = str(REPO / "deploy/local/worker.sh")
     try:
-        started = subprocess.run(
-            ["bash", script, "start"], env=env, capture_output=True, text=True, timeout=120, check=False
-        )
+        started = _script("worker", "start", env, timeout=120)
     finally:
-        subprocess.run(["bash", script, "stop"], env=env, capture_output=True, timeout=120, check=False)
+        _script("worker", "stop", env, timeout=120)
     assert started.returncode != 0
     assert f"cannot reach its broker (redis://:**@127.0.0.1:{nothing}/0)" in started.stderr, started.stderr
     assert "secret" not in started.stderr + started.stdout
@@ -318,7 +311,7 @@ def test_a_state_dir_with_control_characters_or_bytes_outside_utf8_is_refused(tm
     the JVMs (which decode paths as UTF-8) and "${HOME}" into OpenSearch (which expands it): each
     failed later, or put data elsewhere, and a newline would have ended a line of every config
     file. A name that reads as an option is a folder like any other."""
-    script = str(REPO / "deploy/local/redis.sh")
+    script = str(REPO / "deploy/local/redis.sh")  # bytes in its environment, which _script does not take
     for bad in (b"tab\there", b"esc\x1bhere", b"line\nbreak", b"latin1 \xfc", b"${HOME}"):
         env = {**_env(tmp_path, _free_port())}
         env_bytes = {k.encode(): v.encode() for k, v in env.items()} | {
@@ -332,9 +325,7 @@ def test_a_state_dir_with_control_characters_or_bytes_outside_utf8_is_refused(tm
     assert sorted(p.name for p in tmp_path.iterdir()) == []  # none of them was made
     for option in ("-", "--", "-d"):
         env = {**_env(tmp_path, _free_port()), "RAGLINE_STATE_DIR": option}
-        status = subprocess.run(
-            ["bash", script, "status"], env=env, cwd=tmp_path, capture_output=True, timeout=30, check=False
-        )
+        status = _script("redis", "status", env, cwd=tmp_path)
         assert status.returncode == 3, status.stderr
         assert (tmp_path / option / "logs").is_dir()
 
@@ -345,13 +336,10 @@ def test_redis_start_is_bounded_when_its_port_accepts_but_never_answers(tmp_path
     silent.bind(("127.0.0.1", 0))
     silent.listen(8)
     env = {**_env(tmp_path, _free_port()), "RAGLINE_REDIS_PORT": str(silent.getsockname()[1])}
-    script = str(REPO / "deploy/local/redis.sh")
     try:
-        started = subprocess.run(
-            ["bash", script, "start"], env=env, capture_output=True, text=True, timeout=90, check=False
-        )
+        started = _script("redis", "start", env, timeout=90)
     finally:
         silent.close()
-        subprocess.run(["bash", script, "stop"], env=env, capture_output=True, timeout=60, check=False)
+        _script("redis", "stop", env)
     assert started.returncode != 0, started.stdout
     assert "redis exited while starting" in started.stderr, started.stderr
