@@ -29,6 +29,7 @@ import contextlib
 import logging
 import time
 from collections import deque
+from collections.abc import Callable
 from dataclasses import replace
 from datetime import datetime
 from typing import NoReturn
@@ -72,23 +73,42 @@ class Retry(Exception):
         self.counted = counted
 
 
-def _claim(ctx: WorkerContext, ref: StageRef) -> Versioned | None:
-    """Take the document for this stage, or None when this delivery is stale or a duplicate."""
+def _claim(
+    ctx: WorkerContext, ref: StageRef, skipped: Callable[[str], None] | None = None
+) -> Versioned | None:
+    """Take the document for this stage, or None when this delivery is stale or a duplicate (then
+    `skipped` hears why)."""
     current = ctx.registry.get_doc(ref.tenant_id, ref.kb_id, ref.doc_id)
     decision = lifecycle.claim(
         current.doc if current else None, ref, lifecycle_policy(ctx.settings), utcnow()
     )
+    why: str
     if current is None or isinstance(decision, lifecycle.Skip):
-        return None
-    if isinstance(decision, lifecycle.GiveUp):
+        why = decision.why if isinstance(decision, lifecycle.Skip) else "deleted"
+    elif isinstance(decision, lifecycle.GiveUp):
         ctx.registry.replace_doc(current, decision.doc)
         metrics.document_failed(ref.stage.value, ErrorCode.RETRIES_EXHAUSTED.value)
         drop_artifacts(ctx, ref, current.doc)
-        return None
-    try:
-        return ctx.registry.replace_doc(current, decision.doc)
-    except Conflict:
-        return None  # another worker claimed it first
+        why = "started too many times: failed"
+    else:
+        try:
+            return ctx.registry.replace_doc(current, decision.doc)
+        except Conflict:
+            why = "claimed"  # by another worker, first
+    if skipped is not None:
+        skipped(why)
+    return None
+
+
+# Skips that are the pipeline's routine: a batch took the document along as a peer (its own task
+# comes later and finds it moved on), or a duplicate delivery came while another held it. Logged
+# at info they were most of a bulk load's worker log.
+_ROUTINE_SKIPS = frozenset({"moved on", "claimed"})
+
+
+def _log_skip(ref: StageRef, why: str) -> None:
+    level = logging.DEBUG if why in _ROUTINE_SKIPS else logging.INFO
+    log.log(level, "skip %s for %s/%s v%d: %s", ref.stage, ref.kb_id, ref.doc_id, ref.content_version, why)
 
 
 def _waits(ctx: WorkerContext, ref: StageRef) -> bool:
@@ -117,11 +137,8 @@ def run_stage(ctx: WorkerContext, ref: StageRef, stages: Stages, retries_done: i
 
 
 def _run_task(ctx: WorkerContext, ref: StageRef, stages: Stages, retries_done: int) -> None:
-    claimed = _claim(ctx, ref)
+    claimed = _claim(ctx, ref, lambda why: _log_skip(ref, why))
     if claimed is None:
-        log.info(
-            "skip %s for %s/%s v%d: stale or duplicate", ref.stage, ref.kb_id, ref.doc_id, ref.content_version
-        )
         return
     items = [ClaimedStage(ref, claimed)]
     traces: dict[StageRef, dict[str, str]] = {}
