@@ -18,8 +18,8 @@ from bench.cpu import CpuMeter
 from bench.rss import RssSampler
 from bench.session import Bench
 
-# Parts of the measured load: the raw model runs after each, so its baseline tracks the machine
-# through the whole load rather than only once after it.
+# The load runs in parts with the raw model after each, so that the baseline follows the machine
+# across the whole load, not only once after it.
 PARTS, PARTS_QUICK = 4, 2
 
 
