@@ -27,7 +27,7 @@ REDACTED = "[redacted]"
 # Credentials that may reach a message by accident (an echoed header, a URL with a password).
 _CREDENTIAL = re.compile(
     r"(?i)(bearer\s+|x-api-key[\"':=\s]+)[^\s\"',]+"  # a header's value
-    r"|(://[^/\s:@]+:)[^\s/@]+(?=@)"  # the password of user:password@ in a URL
+    r"|(://[^/\s:@]*:)[^\s/@]+(?=@)"  # the password of user:password@ (or :password@, Redis's) in a URL
 )
 
 _context: ContextVar[dict[str, str] | None] = ContextVar("ragline_log_context", default=None)

@@ -42,12 +42,17 @@ metrics_port() {
   fi
 }
 
+# One start or stop of a worker at a time (serialise): two starts at once both launched a worker
+# for one pid file. A start holds the lock until the worker is ready, not while its models load:
+# a second start meanwhile finds it running.
 start() {
   require_ragline
+  serialise "$NAME"
   if pid_running "$PIDFILE"; then
     say "$NAME: already running (pid $(cat "$PIDFILE"))"
     return 0
   fi
+  check_broker
   fresh_log "$LOG"
   rm -f "$PIDFILE"
   # Celery writes its own pid file: the pid of `setsid` may be a parent that already exited.
@@ -55,20 +60,17 @@ start() {
   local port
   port=$(metrics_port)
   (cd "$REPO_ROOT" && RAGLINE_METRICS__WORKER_PORT=$port exec setsid "$VENV/bin/ragline" worker \
-    --name "$NAME" --pidfile "$PIDFILE" ${QUEUES:+--queues "$QUEUES"}) >>"$LOG" 2>&1 </dev/null &
+    --name "$NAME" --pidfile "$PIDFILE" ${QUEUES:+--queues "$QUEUES"}) >>"$LOG" 2>&1 </dev/null 9>&- &
   LAUNCHED=$! LEADS=""
-  local waited=0
-  await_worker 180 ready "starting" || waited=$?
-  if [ "$waited" -ne 0 ]; then
+  if ! await_worker 180 ready "starting"; then
     tail -n 40 "$LOG" >&2 2>/dev/null || true
     abandon
-    [ "$waited" -ne 2 ] || die "$NAME cannot reach its broker ($(broker_refusal)); is Redis running" \
-      "(redis.sh start), and RAGLINE_REDIS__URL right? See $LOG"
     die "$NAME did not become healthy within 180s; see $LOG"
   fi
   local metrics="metrics off"
   [ "$port" = 0 ] || metrics="metrics http://127.0.0.1:$port/metrics"
   say "$NAME: started (pid $(cat "$PIDFILE"), log $LOG, $metrics${QUEUES:+, queues $QUEUES})"
+  exec 9>&-
   # Its pool processes load the models before their first task: documents sent meanwhile showed
   # `queued` for half a minute, which read as stuck. So `up` returns once one of them is warm.
   say "$NAME: loading the models"
@@ -104,26 +106,49 @@ gone() {
 # Before Celery wrote its pid file, `stop` could not find it.
 abandon() {
   if [ -s "$PIDFILE" ]; then
-    stop || true
+    halt || true
   else
     stop_launched "$LAUNCHED"
     [ -n "$LEADS" ] || pkill -KILL -f -- "$PID_MATCH" 2>/dev/null || true # where setsid forked
   fi
 }
 
-# Celery retries a broker it cannot reach for many minutes. The local stack starts Redis before its
-# workers, so a start ends after four refusals in a row (about 20 s), naming the broker.
-BROKER_REFUSALS=4
-broker_refused() { [ "$(grep -c 'consumer: Cannot connect to ' "$LOG")" -ge "$BROKER_REFUSALS" ]; }
-broker_refusal() { grep -o 'Cannot connect to [^ ]*' "$LOG" | tail -n 1 | sed 's/^Cannot connect to //; s/:$//'; }
+# A start fails at once where the broker does not answer a ping within RAGLINE_REDIS__TIMEOUT_S,
+# naming it (its password masked, as Celery logs it) and why: one that accepts connections but
+# never answers logged no refusal, and the start waited out its 180 s, then blamed the worker.
+# Settings the worker refuses are left to its own start, which names them.
+check_broker() {
+  local why rc=0
+  why=$(cd "$REPO_ROOT" && timeout 120 "$VENV/bin/python" - 2>/dev/null <<'PY'
+import sys
 
-# await_worker SECONDS CHECK DOING: 0 once CHECK passes, 1 after SECONDS, 2 where the worker cannot
-# reach its broker before it is ready; fails the start at once when the worker exits meanwhile.
+from kombu.utils.url import maybe_sanitize_url
+
+from shared.config import get_settings
+from shared.queue import redis_client
+
+settings = get_settings()
+try:
+    redis_client(settings).ping()
+except Exception as exc:  # any failure to answer is the broker's
+    print(f"{maybe_sanitize_url(settings.redis.url)}: {exc}")
+    sys.exit(3)
+PY
+  ) || rc=$?
+  case $rc in
+    3) ;;
+    124) why="no answer within 120s" ;;
+    *) return 0 ;;
+  esac
+  die "$NAME cannot reach its broker ($why); is Redis running (redis.sh start), and RAGLINE_REDIS__URL right?"
+}
+
+# await_worker SECONDS CHECK DOING: 0 once CHECK passes, 1 after SECONDS; fails the start at once
+# when the worker exits meanwhile.
 await_worker() {
   local seconds=$1 check=$2 doing=$3 i
   for ((i = 0; i < seconds * 2; i++)); do
     "$check" && return 0
-    [ "$check" != ready ] || ! broker_refused || return 2
     # From its second poll on: the background shell may not have become the worker yet.
     if ((i > 1)) && gone; then
       tail -n 40 "$LOG" >&2 2>/dev/null || true
@@ -134,7 +159,12 @@ await_worker() {
   return 1
 }
 
-stop() { stop_pidfile "$PIDFILE" "$NAME" 60; }
+stop() {
+  serialise "$NAME"
+  halt
+}
+
+halt() { stop_pidfile "$PIDFILE" "$NAME" 60; }
 
 status() {
   if pid_running "$PIDFILE"; then

@@ -4,12 +4,15 @@ counts only for the service's own process, and paths with spaces work."""
 
 from __future__ import annotations
 
+import fcntl
 import os
 import socket
 import subprocess
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
+
+import pytest
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -288,22 +291,52 @@ def _runs_in(pid: int, folder: Path) -> bool:
         return False
 
 
-def test_a_worker_that_cannot_reach_its_broker_fails_its_start_soon_and_is_stopped(tmp_path: Path) -> None:
+@pytest.mark.parametrize("broker", ["refuses", "never answers"])
+def test_a_worker_that_cannot_reach_its_broker_fails_its_start_soon_naming_it(
+    tmp_path: Path, broker: str
+) -> None:
     """Celery retries a broker it cannot reach for many minutes: the start waited out its 180 s
-    before it failed, and said only that the worker was not healthy."""
-    nothing = _free_port()
-    env = _env(tmp_path, _free_port(), RAGLINE_REDIS__URL=f"redis://:secret@127.0.0.1:{nothing}/0")
-    env["RAGLINE_METRICS__WORKER_PORT"] = "0"
-    try:
-        started = _script("worker", "start", env, timeout=120)
-    finally:
-        _script("worker", "stop", env, timeout=120)
+    before it failed, and said only that the worker was not healthy. A broker that accepts
+    connections but never answers logs no refusal at all."""
+    with socket.socket() as silent:
+        silent.bind(("127.0.0.1", 0))
+        if broker == "never answers":
+            silent.listen(8)
+        port = silent.getsockname()[1]
+        env = _env(tmp_path, _free_port(), RAGLINE_REDIS__URL=f"redis://:secret@127.0.0.1:{port}/0")
+        env["RAGLINE_METRICS__WORKER_PORT"] = "0"
+        try:
+            started = _script("worker", "start", env, timeout=90)
+        finally:
+            _script("worker", "stop", env, timeout=120)
     assert started.returncode != 0
-    assert f"cannot reach its broker (redis://:**@127.0.0.1:{nothing}/0)" in started.stderr, started.stderr
+    assert f"cannot reach its broker (redis://:**@127.0.0.1:{port}/0: " in started.stderr, started.stderr
     assert "secret" not in started.stderr + started.stdout
     pid_file = f"{tmp_path / 'state' / 'worker.pid'}"
     left = subprocess.run(["pgrep", "-f", "--", pid_file], capture_output=True, text=True, check=False)
     assert left.stdout == "", left.stdout
+
+
+def test_a_worker_start_waits_for_another_start_or_stop_of_that_worker(tmp_path: Path) -> None:
+    """Two starts of one worker at once each launched a worker for the same pid file."""
+    env = _env(tmp_path, _free_port(), RAGLINE_REDIS__URL=f"redis://127.0.0.1:{_free_port()}/0")
+    (tmp_path / "state").mkdir()
+    with (tmp_path / "state" / "worker.lock").open("w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # as a start in progress holds it
+        start = subprocess.Popen(
+            ["bash", str(REPO / "deploy/local/worker.sh"), "start"],
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        try:
+            with pytest.raises(subprocess.TimeoutExpired):
+                start.communicate(timeout=15)  # it waits rather than checking and launching
+        finally:
+            fcntl.flock(lock, fcntl.LOCK_UN)
+    _, stderr = start.communicate(timeout=90)
+    assert "cannot reach its broker" in stderr, stderr  # its turn came, and went on to the broker
 
 
 def test_a_state_dir_with_control_characters_or_bytes_outside_utf8_is_refused(tmp_path: Path) -> None:

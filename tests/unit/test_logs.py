@@ -105,6 +105,7 @@ def test_an_exception_stays_on_one_line(
         ("Authorization: Bearer abc.def-1", "Authorization: Bearer [redacted]"),
         ('{"x-api-key": "k-123"}', '{"x-api-key": "[redacted]"}'),
         ("http://admin:s3cret@os:9200/x", "http://admin:[redacted]@os:9200/x"),
+        ("redis://:s3cret@127.0.0.1:6379/0", "redis://:[redacted]@127.0.0.1:6379/0"),
         ("PUT http://127.0.0.1:9204/idx [status:200]", "PUT http://127.0.0.1:9204/idx [status:200]"),
     ],
 )
