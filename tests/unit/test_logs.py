@@ -19,6 +19,7 @@ from starlette.testclient import TestClient
 
 from services.api.request_context import HEADER, RequestContext
 from shared import logs
+from shared.config import RedisSettings, Settings
 
 SECRET = "rl_live_0123456789abcdef"
 
@@ -189,3 +190,9 @@ def test_expected_noise_is_dropped_and_real_trouble_kept() -> None:
     assert not noise.filter(_record("presidio-analyzer", unmapped))
     assert noise.filter(_record("presidio-analyzer", "Entity PERSON is not supported"))
     assert noise.filter(_record("ragline.test", sse, anyio.ClosedResourceError()))
+
+
+def test_the_redis_password_is_a_secret_wherever_a_message_quotes_it() -> None:
+    settings = Settings(redis=RedisSettings(url="redis://:hunter2-redis@10.0.0.5:6380/1"))
+    redact = logs.Redactor(logs.secret_values(settings))
+    assert redact("AUTH hunter2-redis refused") == "AUTH [redacted] refused"
