@@ -280,7 +280,9 @@ class Catalog:
             targets = []
         if targets:
             delete_kb_chunks(self.client, ",".join(t.alias for t in targets), tenant_id, kb_id)
-        erasure.drop_kb_documents(self.registry, self.ingestor.blobs, tenant_id, kb_id, final=False)
+        erasure.drop_kb_documents(
+            self.registry, self.ingestor.blobs, self.ingestor.broker, tenant_id, kb_id, final=False
+        )
         # Indexes of its own go too; the shared index only loses its chunks. The alias goes with
         # its index or after it, and the record last: while it stands, a delete that fails can be
         # resent and still finds the KB's chunks.
@@ -295,7 +297,9 @@ class Catalog:
         # back; a worker's write names a record version that is gone), and no new KB of the same
         # id exists until this ends: the last sweeps take everything of this tenant and KB id.
         self.sources.drop_kb(tenant_id, kb_id)
-        erasure.drop_kb_documents(self.registry, self.ingestor.blobs, tenant_id, kb_id, final=True)
+        erasure.drop_kb_documents(
+            self.registry, self.ingestor.blobs, self.ingestor.broker, tenant_id, kb_id, final=True
+        )
         shared = [t.index for t in targets if t.index not in own]
         if shared:
             delete_kb_chunks(self.client, ",".join(shared), tenant_id, kb_id)

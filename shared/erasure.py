@@ -1,7 +1,8 @@
 """What a delete removes: every byte of a document that no other live version needs.
 
-A document leaves chunks in the search indexes, stage artifacts (the parsed text among them)
-and its uploaded bytes in the blob store. Deleting it removes all three; a record left in
+A document leaves chunks in the search indexes, stage artifacts (the parsed text among them),
+its uploaded bytes in the blob store, and entries in the caches derived from its text (its
+chunks' vectors, its PII findings: shared/text_caches.py). Deleting it removes all four; a record left in
 `deleting` (the process died half way) is finished by the reconciler the same way, since each
 step is idempotent. The bytes are content-addressed and shared by every record with the same
 hash, in any tenant: they go only when no live record (any status but `deleting` and `deleted`)
@@ -13,8 +14,10 @@ from __future__ import annotations
 import logging
 from collections.abc import Iterable
 
+import redis
 from opensearchpy import OpenSearch
 
+from shared import text_caches
 from shared.blobs import BlobStore, version_artifact_keys
 from shared.config import Settings
 from shared.models import DocStatus, Document, utcnow
@@ -49,29 +52,36 @@ def drop_artifacts(blobs: BlobStore, doc: Document) -> None:
 
 
 def drop_kb_documents(
-    registry: Registry, blobs: BlobStore, tenant_id: str, kb_id: str, *, final: bool
+    registry: Registry, blobs: BlobStore, caches: redis.Redis, tenant_id: str, kb_id: str, *, final: bool
 ) -> list[Document]:
     """Delete a knowledge base's document records, then their artifacts and the bytes no live
     record needs; returns the documents deleted (`Registry.delete_kb_records` says what `final`
     changes)."""
     fields = ["tenant_id", "kb_id", "doc_id", "created_at", "content_version", "content_hash", "file_size"]
     doomed = registry.delete_kb_records(tenant_id, kb_id, fields, final=final)
-    forget_documents(registry, blobs, doomed)
+    forget_documents(registry, blobs, caches, doomed)
     return doomed
 
 
-def forget_documents(registry: Registry, blobs: BlobStore, docs: list[Document]) -> None:
-    """After their records are gone (a knowledge base deleted): their artifacts, and their bytes
-    where no live record needs them."""
+def forget_documents(registry: Registry, blobs: BlobStore, caches: redis.Redis, docs: list[Document]) -> None:
+    """After their records are gone (a knowledge base deleted): their artifacts, their cache
+    entries, and their bytes where no live record needs them."""
     for doc in docs:
         drop_artifacts(blobs, doc)
+    text_caches.forget(caches, [(doc.tenant_id, doc.kb_id, doc.doc_id) for doc in docs])
     release_blobs(registry, blobs, [doc.content_hash for doc in docs])
 
 
 def finish_delete(
-    settings: Settings, registry: Registry, client: OpenSearch, blobs: BlobStore, deleting: Versioned
+    settings: Settings,
+    registry: Registry,
+    client: OpenSearch,
+    blobs: BlobStore,
+    caches: redis.Redis,
+    deleting: Versioned,
 ) -> Document:
-    """Remove a `deleting` document's chunks, artifacts and bytes, then mark it `deleted`.
+    """Remove a `deleting` document's chunks, artifacts, cache entries and bytes, then mark it
+    `deleted`.
 
     The record stays `deleting` until all of it is gone, so a crash on the way leaves it for the
     reconciler. If the record moved on meanwhile (uploaded again), the newer state wins and is
@@ -81,6 +91,7 @@ def finish_delete(
     aliases = write_aliases(client, settings, doc.tenant_id, doc.kb_id)
     delete_generations(client, aliases, doc.tenant_id, doc.kb_id, doc.doc_id, keep=None)
     drop_artifacts(blobs, doc)
+    text_caches.forget(caches, [(doc.tenant_id, doc.kb_id, doc.doc_id)])
     release_blob(registry, blobs, doc.content_hash)
     done = doc.model_copy(deep=True)
     done.status = DocStatus.DELETED

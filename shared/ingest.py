@@ -451,7 +451,9 @@ class Ingestor:
                 continue
         else:
             raise RaglineError(f"document '{doc_id}' is being changed concurrently", code=ErrorCode.CONFLICT)
-        return erasure.finish_delete(self.settings, self.registry, self.client, self.blobs, deleting)
+        return erasure.finish_delete(
+            self.settings, self.registry, self.client, self.blobs, self.broker, deleting
+        )
 
     def _register_pinned(
         self, tenant_id: str, kb_id: str, doc_id: str, sha256: str, *rest: Any

@@ -91,7 +91,7 @@ def finish_deletes(ctx: WorkerContext) -> int:
         except Conflict:
             continue
         try:
-            finish_delete(ctx.settings, ctx.registry, ctx.client, ctx.blobs, claimed)
+            finish_delete(ctx.settings, ctx.registry, ctx.client, ctx.blobs, ctx.redis, claimed)
         except Exception as error:  # noqa: BLE001  (one delete never stops the resends; its lease brings it back)
             log.warning(
                 "reconciler: finishing the delete of %s/%s failed (%s)",

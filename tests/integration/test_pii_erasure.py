@@ -17,6 +17,7 @@ import redis
 from celery import Celery
 from opensearchpy import OpenSearch
 
+from shared import text_caches
 from shared.blobs import BlobStore
 from shared.catalog import Catalog
 from shared.config import Settings
@@ -65,6 +66,18 @@ def blobs(services: Services) -> BlobStore:
     return services.blobs
 
 
+def _cache_entries(caches: redis.Redis, kb: KnowledgeBase, doc_id: str) -> set[str]:
+    """The cache entries listed under the document that still exist, and its list if it does."""
+    name = text_caches.listing((kb.tenant_id, kb.kb_id, doc_id))
+    listed = sorted(key.decode() for key in caches.smembers(name))
+    alive = [key for key in listed if caches.exists(key)]
+    return {*alive, *([name] if listed else [])}
+
+
+def _cached_kinds(entries: set[str]) -> set[str]:
+    return {entry.split(":")[1] for entry in entries}
+
+
 def _status_leaks(catalog: Catalog, kb: KnowledgeBase, doc_id: str, wanted: list[str]) -> list[str]:
     status = catalog.document_status(kb.tenant_id, kb.kb_id, doc_id).model_dump_json()
     record = catalog.get_document(kb.tenant_id, kb.kb_id, doc_id)
@@ -95,6 +108,7 @@ def test_deletes_leave_no_byte_of_a_ready_a_blocked_or_a_superseded_version(
     settings: Settings,
     catalog: Catalog,
     blobs: BlobStore,
+    redis_client: redis.Redis,
 ) -> None:
     kb = new_kb(registry)  # redact
     blocking = new_kb(registry, pii_policy="block")
@@ -125,8 +139,17 @@ def test_deletes_leave_no_byte_of_a_ready_a_blocked_or_a_superseded_version(
     assert not blobs.exists(first_hash)
     assert blob_store_leaks(settings, first_wanted) == []
 
-    for kb_of, doc_id in ((kb, "ready.md"), (kb, "versions.md"), (blocking, "blocked.md")):
+    # Their texts' vectors and PII findings are cached, each listed under its document; a blocked
+    # document was analyzed but never embedded.
+    docs = ((kb, "ready.md"), (kb, "versions.md"), (blocking, "blocked.md"))
+    cached = {doc_id: _cache_entries(redis_client, kb_of, doc_id) for kb_of, doc_id in docs}
+    assert _cached_kinds(cached["ready.md"]) == {"emb", "pii", "cached-by"}
+    assert _cached_kinds(cached["versions.md"]) == {"emb", "pii", "cached-by"}
+    assert _cached_kinds(cached["blocked.md"]) == {"pii", "cached-by"}
+
+    for kb_of, doc_id in docs:
         assert ingestor.delete(kb_of.tenant_id, kb_of.kb_id, doc_id).status == DocStatus.DELETED
+    assert [key for entries in cached.values() for key in entries if redis_client.exists(key)] == []
     leaks = blob_store_leaks(settings, everything)
     leaks += index_leaks(opensearch, settings, kb.tenant_id, everything)
     leaks += index_leaks(opensearch, settings, blocking.tenant_id, everything)
@@ -183,6 +206,9 @@ def test_an_interrupted_delete_is_finished_by_the_reconciler(
     record.lease_until = utcnow() - timedelta(seconds=1)
     registry.replace_doc(current, record)
 
+    cached = _cache_entries(redis_client, kb, "half.md")
+    assert _cached_kinds(cached) == {"emb", "pii", "cached-by"}
+
     ctx = replace(services, blobs=blobs)
     reconcile_once(ctx)  # the worker's own reconciler may have been first: the same end
 
@@ -192,10 +218,16 @@ def test_an_interrupted_delete_is_finished_by_the_reconciler(
     assert chunks_of(opensearch, settings, kb, "half.md") == []
     assert not blobs.exists(ready.content_hash)
     assert blob_store_leaks(settings, wanted) == []
+    assert [key for key in cached if redis_client.exists(key)] == []
 
 
 def test_deleting_a_knowledge_base_removes_its_bytes_but_not_those_another_shares(
-    registry: Registry, ingestor: Ingestor, settings: Settings, catalog: Catalog, blobs: BlobStore
+    registry: Registry,
+    ingestor: Ingestor,
+    settings: Settings,
+    catalog: Catalog,
+    blobs: BlobStore,
+    redis_client: redis.Redis,
 ) -> None:
     own, own_wanted = _values()
     shared, shared_wanted = _values()
@@ -208,9 +240,14 @@ def test_deleting_a_knowledge_base_removes_its_bytes_but_not_those_another_share
     )
     assert wait_terminal(registry, other, ["shared.md"])["shared.md"].status == DocStatus.READY
     sha = registry.require_doc(other.tenant_id, other.kb_id, "shared.md").doc.content_hash
+    cached = _cache_entries(redis_client, kb, "own.md") | _cache_entries(redis_client, kb, "shared.md")
+    others = _cache_entries(redis_client, other, "shared.md")
+    assert _cached_kinds(cached) == _cached_kinds(others) == {"emb", "pii", "cached-by"}
 
     catalog.delete_kb(kb.tenant_id, kb.kb_id)
     assert blob_store_leaks(settings, own_wanted) == []
     assert blobs.exists(sha)  # the other knowledge base's document still needs it
+    assert [key for key in cached if redis_client.exists(key)] == []
+    assert _cache_entries(redis_client, other, "shared.md") == others  # another tenant's own
     ingestor.delete(other.tenant_id, other.kb_id, "shared.md")
     assert blob_store_leaks(settings, shared_wanted) == []

@@ -19,6 +19,7 @@ from typing import Any
 
 import numpy as np
 
+from shared import text_caches
 from shared.embedding import TooLong, embedded_text, encoder, for_model, indexed_vector
 from shared.errors import ErrorCode, PermanentError, RaglineError
 from shared.models import Document
@@ -26,7 +27,6 @@ from workers import metrics
 from workers.context import WorkerContext
 from workers.stages.base import TURNS, StageResult, TurnEnded, TurnTally
 
-CACHE_TTL_S = 30 * 24 * 3600
 # Texts encoded, and their vectors cached, at a time: a document whose embedding outlasts its turn
 # or the task's time limit keeps what it embedded, and the next task goes on from there.
 ENCODE_SLICE = 256
@@ -99,6 +99,21 @@ def run_batch(
     return [r for r in results if r is not None]
 
 
+def _cached(ctx: WorkerContext, docs: list[Document], owner: list[int], keys: list[str]) -> list[str | None]:
+    """The cached vector of each key, or None; each key is listed under its document
+    (shared/text_caches.py), so that deleting the document removes it."""
+    if not keys:
+        return []
+    keys_of: list[list[str]] = [[] for _ in docs]
+    for i, key in enumerate(keys):
+        keys_of[owner[i]].append(key)
+    pipe = ctx.redis.pipeline(transaction=False)
+    pipe.mget(keys)
+    for doc, mine in zip(docs, keys_of, strict=True):
+        text_caches.remember(pipe, (doc.tenant_id, doc.kb_id, doc.doc_id), mine)
+    return [c.decode() if isinstance(c, bytes) else c for c in pipe.execute()[0]]
+
+
 def _run_model_batch(
     ctx: WorkerContext,
     model_name: str,
@@ -111,8 +126,7 @@ def _run_model_batch(
     owner = [position for position, texts in enumerate(texts_of) for _ in texts]
     all_texts = [t for texts in texts_of for t in texts]
     keys = [cache_key(items[owner[i]][0].tenant_id, settings.model, t) for i, t in enumerate(all_texts)]
-    cached = ctx.redis.mget(keys) if keys else []
-    vectors: list[str | None] = [c.decode() if isinstance(c, bytes) else c for c in cached]
+    vectors = _cached(ctx, [doc for doc, _ in items], owner, keys)
     remaining = [i for i, v in enumerate(vectors) if v is None]
     missing: list[int] = []  # those encoded here
     refused: dict[int, RaglineError] = {}
@@ -140,7 +154,7 @@ def _run_model_batch(
         for i, vector in zip(part, fresh, strict=True):
             encoded = encode_b64(vector)
             vectors[i] = encoded
-            pipe.set(keys[i], encoded, ex=CACHE_TTL_S)
+            pipe.set(keys[i], encoded, ex=text_caches.EMBEDDING_TTL_S)
         pipe.execute()
         missing += part
         remaining = remaining[len(part) :]

@@ -25,6 +25,7 @@ from typing import Any
 
 import redis
 
+from shared import text_caches
 from shared.embedding import TokenCounter, token_counter
 from shared.errors import ErrorCode, PermanentError
 from shared.models import Document, PiiPolicy, check_pii_entities
@@ -46,9 +47,6 @@ WINDOW_OVERLAP = 2_000
 _LABEL_SEPARATOR = "\n\n"
 _ALNUM = re.compile(r"[A-Za-z0-9]")
 _PLACEHOLDER = re.compile(r"<[A-Z][A-Z_]*(?::[0-9a-f]{12})?>")  # what `replacement` writes
-# A window's findings outlive the turn that analyzed them by this much: the document's next turns,
-# and a retry after a failure later in the stage, read them instead of analyzing the window again.
-FINDINGS_TTL_S = 24 * 3600
 
 
 @dataclass(frozen=True)
@@ -129,7 +127,12 @@ class Turn:
     def findings(self, windows: list[str], analyze: Callable[[str], list[Finding]]) -> list[list[Finding]]:
         """Each window's findings (offsets into the window): cached, else `analyze(window)`."""
         keys = [self.prefix + hashlib.sha256(window.encode()).hexdigest() for window in windows]
-        cached = self.broker.mget(keys) if keys else []
+        cached: list[Any] = []
+        if keys:
+            pipe = self.broker.pipeline(transaction=False)
+            pipe.mget(keys)
+            text_caches.remember(pipe, self.doc, keys)
+            cached = pipe.execute()[0]
         out: list[list[Finding]] = []
         for window, key, hit in zip(windows, keys, cached, strict=True):
             if hit is None:
@@ -139,7 +142,9 @@ class Turn:
                     )
                 found: list[Finding] = analyze(window)
                 self.broker.set(
-                    key, json.dumps([[f.start, f.end, f.entity, f.score] for f in found]), ex=FINDINGS_TTL_S
+                    key,
+                    json.dumps([[f.start, f.end, f.entity, f.score] for f in found]),
+                    ex=text_caches.PII_FINDINGS_TTL_S,
                 )
                 self.analyzed += 1
             else:
