@@ -69,7 +69,7 @@ def blobs(services: Services) -> BlobStore:
 def _cache_entries(caches: redis.Redis, kb: KnowledgeBase, doc_id: str) -> set[str]:
     """The cache entries listed under the document that still exist, and its list if it does."""
     name = text_caches.listing((kb.tenant_id, kb.kb_id, doc_id))
-    listed = sorted(key.decode() for key in caches.smembers(name))
+    listed = sorted(key.decode() if isinstance(key, bytes) else key for key in caches.smembers(name))
     alive = [key for key in listed if caches.exists(key)]
     return {*alive, *([name] if listed else [])}
 
