@@ -195,6 +195,24 @@ def test_json_is_titled_by_its_name_and_its_nested_keys_are_words(
     assert any("port: 8443" in chunk["text"] for chunk in chunks)
 
 
+def test_a_lone_surrogate_escape_in_json_reads_as_a_replacement_character(
+    registry: Registry, ingestor: Ingestor, opensearch: OpenSearch, settings: Settings
+) -> None:
+    """JSON's escape "\\ud800" decodes to a code point no UTF-8 holds: every write of the parsed
+    text failed, the parse stage ran again each time, and the document failed only when its
+    retries ran out, with no error naming the cause."""
+    kb = new_kb(registry)  # PII redacts: the analysis reads the text too
+    data = b'{"name": "bad \\ud800 here", "note": "mail jane.doe@example.org", "t": "x\\udfff"}'
+    ingestor.submit(kb.tenant_id, kb.kb_id, data, filename="surrogates.json")
+    doc = wait_terminal(registry, kb, ["surrogates.json"])["surrogates.json"]
+    assert doc.status == DocStatus.READY, doc.error
+    assert doc.attempts == 1
+    text = " ".join(chunk["text"] for chunk in chunks_of(opensearch, settings, kb, "surrogates.json"))
+    assert "name: bad \ufffd here" in text
+    assert "t: x\ufffd" in text
+    assert "jane.doe@example.org" not in text
+
+
 def test_same_bytes_are_unchanged_and_new_bytes_replace_the_old_version(
     registry: Registry, ingestor: Ingestor, opensearch: OpenSearch, settings: Settings
 ) -> None:
