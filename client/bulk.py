@@ -37,6 +37,8 @@ class LoadReport:
     uploaded: int = 0
     outcomes: Counter[str] = field(default_factory=Counter)
     statuses: Counter[str] = field(default_factory=Counter)
+    # Documents of an earlier run this one found unchanged and waited for (never sent again).
+    earlier: Counter[str] = field(default_factory=Counter)
     rejected: list[dict[str, Any]] = field(default_factory=list)  # uploads refused, by this run or the API
     failed: list[dict[str, Any]] = field(default_factory=list)  # documents of the batch, and of earlier runs
     chunks: int = 0
@@ -56,6 +58,7 @@ class LoadReport:
             "uploaded": self.uploaded,
             "outcomes": dict(self.outcomes),
             "statuses": dict(self.statuses),
+            "earlier_statuses": dict(self.earlier),
             "failures": self.failures,
             "chunks": self.chunks,
             "throttled": self.throttled,
@@ -108,19 +111,40 @@ def _upload(
     return dict(body["documents"][0])
 
 
-def _render(report: LoadReport, started: float, chunks_before: int) -> Table:
-    elapsed = max(time.monotonic() - started, 1e-6)
-    done = sum(report.statuses.get(s, 0) for s in TERMINAL) + report.outcomes.get("unchanged", 0)
-    rate = done / elapsed
-    remaining = report.scanned - done
-    eta = f"{remaining / rate:.0f} s" if rate > 0 and remaining > 0 else "-"
+@dataclass(frozen=True)
+class _Pace:
+    """How fast a load goes so far, and when it would end at that pace (None: not known)."""
+
+    docs_per_s: float
+    chunks_per_s: float
+    eta_s: float | None
+
+    @classmethod
+    def of(cls, report: LoadReport, elapsed: float, chunks_before: int) -> _Pace:
+        elapsed = max(elapsed, 1e-6)
+        done = sum(report.statuses.get(s, 0) for s in TERMINAL) + report.outcomes.get("unchanged", 0)
+        rate, remaining = done / elapsed, report.scanned - done
+        eta = remaining / rate if rate > 0 and remaining > 0 else None
+        return cls(rate, (report.chunks - chunks_before) / elapsed, eta)
+
+    def as_dict(self) -> dict[str, float | None]:
+        return {
+            "docs_per_s": round(self.docs_per_s, 3),
+            "chunks_per_s": round(self.chunks_per_s, 2),
+            "eta_s": None if self.eta_s is None else round(self.eta_s),
+        }
+
+
+def _render(report: LoadReport, pace: _Pace) -> Table:
     table = Table(show_header=False, box=None)
     table.add_row("files scanned", str(report.scanned))
     table.add_row("uploaded", f"{report.uploaded} (throttled {report.throttled}x)")
     table.add_row("outcomes", ", ".join(f"{k} {v}" for k, v in sorted(report.outcomes.items())) or "-")
     table.add_row("documents", ", ".join(f"{k} {v}" for k, v in sorted(report.statuses.items())) or "-")
-    chunk_rate = (report.chunks - chunks_before) / elapsed
-    table.add_row("throughput", f"{rate:.1f} docs/s, {chunk_rate:.1f} chunks/s, ETA {eta}")
+    eta = "-" if pace.eta_s is None else f"{pace.eta_s:.0f} s"
+    # Two significant digits: a load of large documents runs well under one a second.
+    docs = f"{pace.docs_per_s:.2g}"
+    table.add_row("throughput", f"{docs} docs/s, {pace.chunks_per_s:.1f} chunks/s, ETA {eta}")
     return table
 
 
@@ -168,8 +192,11 @@ class _Progress:
         if self.live is not None:
             self.live.start()
 
+    def _pace(self) -> _Pace:
+        return _Pace.of(self.report, time.monotonic() - self.started, self.chunks_before)
+
     def _table(self) -> Table:
-        return _render(self.report, self.started, self.chunks_before)
+        return _render(self.report, self._pace())
 
     def show(self, force: bool = False) -> None:
         report = self.report
@@ -183,7 +210,13 @@ class _Progress:
         elif not self.console.quiet and (force or time.monotonic() - self.last_plain >= PLAIN_EVERY_S):
             self.last_plain = time.monotonic()
             print(
-                json.dumps({"progress": report.as_dict() | {"failures": len(report.failures)}}),
+                json.dumps(
+                    {
+                        "progress": report.as_dict()
+                        | {"failures": len(report.failures)}
+                        | self._pace().as_dict()
+                    }
+                ),
                 file=sys.stderr,
             )
 
@@ -233,7 +266,7 @@ def load(
             time.sleep(1.0)
         earlier = _finish_earlier(remote, kb, unfinished) if wait else []
         for doc in earlier:
-            report.statuses[doc["status"]] += 1
+            report.earlier[doc["status"]] += 1
         report.failed += [
             {"kb_id": kb, "doc_id": d["doc_id"], "error": d["error"]}
             for d in earlier
@@ -271,9 +304,13 @@ def summary_table(report: LoadReport) -> Table:
     table.add_row("files", str(report.scanned))
     for name in ("created", "updated", "unchanged", "rejected"):
         table.add_row(name, str(report.outcomes.get(name, 0)))
-    # Of the documents this run sent or waited for: an unchanged one was ready before it.
     for name in ("ready", "failed"):
         table.add_row(f"{name} (this run)", str(report.statuses.get(name, 0)))
+    # Unchanged documents an earlier run sent that were not ready yet: this run waited for them
+    # (its exit status counts their failures, which the folder still holds), sent nothing again.
+    for name in ("ready", "failed"):
+        if report.earlier.get(name):
+            table.add_row(f"{name} (an earlier run's, unchanged)", str(report.earlier[name]))
     table.add_row("throttled (429)", str(report.throttled))
     table.add_row("seconds", f"{report.seconds:.1f}")
     return table

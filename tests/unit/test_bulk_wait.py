@@ -3,6 +3,8 @@ that can never be full ends the wait all the same, and two files never make one 
 
 from __future__ import annotations
 
+import io
+import json
 import time
 from collections import Counter
 from pathlib import Path
@@ -12,7 +14,7 @@ import pytest
 from rich.console import Console
 
 from client import bulk
-from client.bulk import LoadReport, _poll, load, walk
+from client.bulk import LoadReport, _poll, load, summary_table, walk
 from client.http import ApiError, Remote
 
 
@@ -100,3 +102,41 @@ def test_a_batch_left_short_by_an_upload_outside_the_run_ends_the_wait(
         console=Console(quiet=True),
     )
     assert report.statuses == Counter(ready=1)
+
+
+class _FailedBefore(_Server):
+    """An API where `old.txt` failed for good in an earlier run: its upload comes back unchanged."""
+
+    def post(self, path: str, **kwargs: Any) -> Any:
+        if kwargs["data"]["doc_id"] != "old.txt":
+            return super().post(path, **kwargs)
+        return {"documents": [{"outcome": "unchanged", "status": "failed"}]}
+
+    def get(self, path: str, **kwargs: Any) -> Any:
+        if path.endswith("/old.txt"):
+            error = {"code": "UNSUPPORTED_MEDIA_TYPE", "message": "unsupported file type"}
+            return {"doc_id": "old.txt", "status": "failed", "error": error}
+        return super().get(path, **kwargs)
+
+
+def test_an_earlier_runs_failure_is_reported_as_such_and_still_fails_the_run(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A file that failed in an earlier run, uploaded again unchanged, was counted as `failed (this
+    run)` though nothing was sent again."""
+    console = Console(file=io.StringIO())  # not a terminal: progress goes to stderr as JSON lines
+    files = _files(tmp_path, ["new.txt", "old.txt"])
+    report = load(_FailedBefore(), "kb", files, metadata={}, concurrency=1, wait=True, console=console)
+    assert report.statuses == Counter(ready=1)
+    assert report.earlier == Counter(failed=1)
+    assert [f["doc_id"] for f in report.failures] == ["old.txt"]  # the run still ends non-zero
+    out = io.StringIO()
+    Console(file=out, width=80).print(summary_table(report))
+    cells = [[cell.strip() for cell in line.split("│")[1:-1]] for line in out.getvalue().splitlines()]
+    rows = dict(cell for cell in cells if len(cell) == 2)
+    assert rows["failed (this run)"] == "0"
+    assert rows["failed (an earlier run's, unchanged)"] == "1"
+    last = json.loads(capsys.readouterr().err.splitlines()[-1])["progress"]
+    assert last["earlier_statuses"] == {"failed": 1}
+    assert last["docs_per_s"] > 0
+    assert last["eta_s"] is None  # nothing left
