@@ -68,8 +68,10 @@ def forget_documents(registry: Registry, blobs: BlobStore, caches: redis.Redis, 
     entries, and their bytes where no live record needs them."""
     for doc in docs:
         drop_artifacts(blobs, doc)
-    text_caches.forget(caches, [(doc.tenant_id, doc.kb_id, doc.doc_id) for doc in docs])
     release_blobs(registry, blobs, [doc.content_hash for doc in docs])
+    # Last: a retried KB delete no longer finds these records, and bytes left would stay for
+    # good, where a cache entry left expires.
+    text_caches.forget(caches, docs)
 
 
 def finish_delete(
@@ -91,7 +93,7 @@ def finish_delete(
     aliases = write_aliases(client, settings, doc.tenant_id, doc.kb_id)
     delete_generations(client, aliases, doc.tenant_id, doc.kb_id, doc.doc_id, keep=None)
     drop_artifacts(blobs, doc)
-    text_caches.forget(caches, [(doc.tenant_id, doc.kb_id, doc.doc_id)])
+    text_caches.forget(caches, [doc])
     release_blob(registry, blobs, doc.content_hash)
     done = doc.model_copy(deep=True)
     done.status = DocStatus.DELETED

@@ -17,7 +17,7 @@ from collections.abc import Iterable, Iterator
 from contextvars import ContextVar
 from datetime import UTC, datetime
 from typing import Any, Literal
-from urllib.parse import urlsplit
+from urllib.parse import parse_qs, unquote, urlsplit
 
 import anyio
 
@@ -148,8 +148,9 @@ def secret_values(settings: Settings) -> list[str]:
     for secret in (settings.opensearch.password, settings.pii.hash_secret):
         if secret is not None:
             values.append(secret.get_secret_value())
-    with contextlib.suppress(ValueError):  # Redis's password, however an error message quotes it
-        values += filter(None, [urlsplit(settings.redis.url).password])
+    with contextlib.suppress(ValueError):  # Redis's password, as redis-py decodes it from the URL
+        url = urlsplit(settings.redis.url)
+        values += filter(None, [unquote(url.password or ""), *parse_qs(url.query).get("password", [])])
     keys_file = settings.auth.keys_file
     with contextlib.suppress(OSError, ValueError, TypeError, AttributeError):
         if keys_file is not None:

@@ -2,12 +2,17 @@
 vectors, its PII findings), listed under the document, so that deleting it removes them too.
 
 Both caches are the tenant's own and keyed by content: one entry serves every document of the
-tenant with that text. A delete removes every entry its document used; another live document of
-the tenant with the same text only computes it again. Each document's list
-(`ragline:cached-by:{tenant}:{kb}:{doc}`) lives as long as the longest entry it can name, and is
-refreshed with each entry it gains. Entries a worker caches for a document while it is being
-deleted are listed again and removed by no one, as are those of a list that Redis evicted under
-`maxmemory`: they expire with their TTL.
+tenant with that text. An entry is listed under the version of the document that wrote it, in
+the same pipeline as its write, so an entry written while its document is being deleted is
+listed again (and goes with the next delete of that document id, which sweeps every version up
+to its own). A document that only read an entry another wrote does not list it: that entry goes
+when its writer is deleted, and deleting a reader leaves a text another live document holds.
+
+A list (`ragline:cached-by:{tenant}:{kb}:{doc}:{version}`) expires with the longest-lived entry
+written to it: a document whose every version chunks differently never grows one list without
+bound.
+Under `maxmemory` Redis may evict a list before its entries (both have a TTL): those entries
+then expire with their TTL.
 """
 
 from __future__ import annotations
@@ -15,6 +20,8 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 
 import redis
+
+from shared.models import Document
 
 # A chunk's vector serves a re-ingest or an edited version of its document for this long.
 EMBEDDING_TTL_S = 30 * 24 * 3600
@@ -26,33 +33,66 @@ LIST_TTL_S = max(EMBEDDING_TTL_S, PII_FINDINGS_TTL_S)
 _DELETE_BATCH = 1000
 _LISTS_AT_ONCE = 100
 
-DocKey = tuple[str, str, str]  # (tenant_id, kb_id, doc_id)
+
+def listing(doc: Document) -> str:
+    """The Redis set naming the cache entries this version of the document wrote."""
+    return _listing(doc.tenant_id, doc.kb_id, doc.doc_id, doc.content_version)
 
 
-def listing(doc: DocKey) -> str:
-    """The Redis set naming the cache entries `doc` used."""
-    tenant_id, kb_id, doc_id = doc
-    return f"ragline:cached-by:{tenant_id}:{kb_id}:{doc_id}"
+def listings(doc: Document) -> list[str]:
+    """The lists of every version of the document up to this one."""
+    return [_listing(doc.tenant_id, doc.kb_id, doc.doc_id, v) for v in range(1, doc.content_version + 1)]
 
 
-def remember(pipe: redis.client.Pipeline, doc: DocKey, keys: Sequence[str]) -> None:
-    """Queue on `pipe` the listing of `keys` (entries `doc` wrote or read) under the document."""
-    if keys:
-        pipe.sadd(listing(doc), *keys)
-        pipe.expire(listing(doc), LIST_TTL_S)
+def _listing(tenant_id: str, kb_id: str, doc_id: str, version: int) -> str:
+    return f"ragline:cached-by:{tenant_id}:{kb_id}:{doc_id}:{version}"
 
 
-def forget(client: redis.Redis, docs: Iterable[DocKey]) -> int:
-    """Delete every cache entry the documents used, and their lists; returns the entries deleted."""
-    names = [listing(doc) for doc in docs]
-    deleted = 0
+def write(pipe: redis.client.Pipeline, name: str, entries: Sequence[tuple[str, str]], ttl_s: int) -> None:
+    """Queue on `pipe` the writes of `entries` (key, value) and their listing in `name`."""
+    if not entries:
+        return
+    for key, value in entries:
+        pipe.set(key, value, ex=ttl_s)
+    pipe.sadd(name, *(key for key, _ in entries))
+    pipe.expire(name, LIST_TTL_S)  # the list holds the entries of both caches
+
+
+def forget(client: redis.Redis, docs: Iterable[Document]) -> int:
+    """Delete every cache entry the documents wrote, in every version up to their current one,
+    and their lists; returns the entries deleted."""
+    names = [name for doc in docs for name in listings(doc)]
+    doomed = _Doomed(client)
     for first in range(0, len(names), _LISTS_AT_ONCE):
         lists = names[first : first + _LISTS_AT_ONCE]
         pipe = client.pipeline(transaction=False)
         for name in lists:
-            pipe.smembers(name)
-        keys = sorted({key for members in pipe.execute() for key in members})
-        for start in range(0, len(keys), _DELETE_BATCH):
-            deleted += int(client.delete(*keys[start : start + _DELETE_BATCH]))
-        client.delete(*lists)
-    return deleted
+            pipe.sscan(name, 0, count=_DELETE_BATCH)
+        for name, (cursor, found) in zip(lists, pipe.execute(), strict=True):
+            doomed.add(found)
+            if cursor:  # a large list: the rest a page at a time (its first page again, harmless)
+                for key in client.sscan_iter(name, count=_DELETE_BATCH):
+                    doomed.add([key])
+        doomed.flush()
+        client.unlink(*lists)
+    return doomed.deleted
+
+
+class _Doomed:
+    """Keys to delete, deleted a batch at a time. UNLINK frees their memory off Redis's main
+    thread, which also serves the broker."""
+
+    def __init__(self, client: redis.Redis) -> None:
+        self.client = client
+        self.keys: list[bytes] = []
+        self.deleted = 0
+
+    def add(self, keys: list[bytes]) -> None:
+        self.keys += keys
+        if len(self.keys) >= _DELETE_BATCH:
+            self.flush()
+
+    def flush(self) -> None:
+        if self.keys:
+            self.deleted += int(self.client.unlink(*self.keys))
+            self.keys = []

@@ -23,30 +23,32 @@ WARM_ROUNDS, WARM_ROUNDS_QUICK = 16, 2
 
 
 def warm_opensearch(bench: Bench, files: list[tuple[Path, str]]) -> None:
-    """Throwaway loads before the measured ones, each deleted after it.
+    """Throwaway loads before the measured ones, deleted after the last.
 
     `make bench` starts the local stack when it is down, and a new JVM compiles its hot paths while
     its first loads run: a cost of each OpenSearch start, not of the pipeline (the raw model is
     warmed up before its clock starts too). On 2 cores its C2 compiler works through tens of
     thousands of chunks, more than a measured load holds: so after a first load, which embeds and
     warms the worker, the same pages go again into new KBs from the embedding cache, which costs
-    OpenSearch a whole load's work and the worker little, until the compiler has settled. Then the
-    deleted warm-up chunks are merged away, so that the measured load does not pay for them. Each
-    round is reported, and the measured phases report the compiler's share (`opensearch_jit`).
+    OpenSearch a whole load's work and the worker little, until the compiler has settled. (Deleting
+    a KB removes the cache entries its documents wrote, so none goes before the last round.) Then
+    the deleted warm-up chunks are merged away, so that the measured load does not pay for them.
+    Each round is reported, and the measured phases report the compiler's share (`opensearch_jit`).
     """
     bench.say(f"warm-up: {len(files)} documents into throwaway KBs (a fresh OpenSearch JVM compiles)")
     rounds: list[dict[str, Any]] = []
-    index = None
+    index, kbs = None, []
     for n in range(1 + (WARM_ROUNDS_QUICK if bench.quick else WARM_ROUNDS)):
-        kb = bench.kb("warmup", "off")
+        kbs.append(kb := bench.kb("warmup", "off"))
         with CpuMeter(bench.settings) as cpu:
             run = bench.ingest(kb, files, cold=n == 0)
         index = index or bench.index_of(kb)
-        bench.remote.delete(f"/v1/kbs/{kb}")
         used = cpu.summary()
         rounds.append(run | {"cpu_seconds": used})
         if n and used["opensearch_jit"] <= SETTLED_JIT_SHARE * used["opensearch"]:
             break
+    for kb in kbs:
+        bench.remote.delete(f"/v1/kbs/{kb}")
     if index:
         chunk_index.expunge_deletes(bench.client, index)
     bench.results["warmup"] = rounds[0] | {

@@ -112,11 +112,12 @@ ours() {
 # literal TEXT: TEXT as an ERE that matches it alone (a path may hold + ( ) [ ] and the like).
 literal() { printf '%s' "$1" | sed 's/[][\\.^$*+?(){}|]/\\&/g'; }
 
-# serialise NAME: hold NAME's lock in the state dir (fd 9) until the script exits, so that two
-# starts, or a start and a stop, of one service never interleave; what a start launches gets 9>&-.
+# serialise NAME [SECONDS]: hold NAME's lock in the state dir (fd 9) until the script exits, so
+# that two starts, or a start and a stop, of one service never interleave; what a start launches
+# gets 9>&-. Waits up to SECONDS (180) for another start or stop to end.
 serialise() {
   exec 9>"$STATE_DIR/$1.lock"
-  flock -w 180 9 || die "$1: another start or stop holds $STATE_DIR/$1.lock"
+  flock -w "${2:-180}" 9 || die "$1: another start or stop holds $STATE_DIR/$1.lock"
 }
 
 # stop_launched PID: a process this script launched, and its group when it leads one, stopped:

@@ -43,11 +43,13 @@ metrics_port() {
 }
 
 # One start or stop of a worker at a time (serialise): two starts at once both launched a worker
-# for one pid file. A start holds the lock until the worker is ready, not while its models load:
-# a second start meanwhile finds it running.
+# for one pid file. A start holds the lock until the worker is ready (the broker's check and
+# Celery's start: 300 s at most), not while its models load: a second start meanwhile finds it
+# running.
+LOCK_WAIT_S=330
 start() {
   require_ragline
-  serialise "$NAME"
+  serialise "$NAME" "$LOCK_WAIT_S"
   if pid_running "$PIDFILE"; then
     say "$NAME: already running (pid $(cat "$PIDFILE"))"
     return 0
@@ -113,10 +115,11 @@ abandon() {
   fi
 }
 
-# A start fails at once where the broker does not answer a ping within RAGLINE_REDIS__TIMEOUT_S,
-# naming it (its password masked, as Celery logs it) and why: one that accepts connections but
-# never answers logged no refusal, and the start waited out its 180 s, then blamed the worker.
-# Settings the worker refuses are left to its own start, which names them.
+# A start fails at once where the broker does not answer a ping within RAGLINE_REDIS__TIMEOUT_S
+# (and the whole check within 120 s), naming it (its password masked, as Celery logs it) and why:
+# one that accepts connections but never answers logged no refusal, and the start waited out its
+# 180 s, then blamed the worker. Settings the worker refuses are left to its own start, which
+# names them.
 check_broker() {
   local why rc=0
   why=$(cd "$REPO_ROOT" && timeout 120 "$VENV/bin/python" - 2>/dev/null <<'PY'
@@ -160,7 +163,7 @@ await_worker() {
 }
 
 stop() {
-  serialise "$NAME"
+  serialise "$NAME" "$LOCK_WAIT_S"
   halt
 }
 

@@ -17,7 +17,6 @@ import redis
 from celery import Celery
 from opensearchpy import OpenSearch
 
-from shared import text_caches
 from shared.blobs import BlobStore
 from shared.catalog import Catalog
 from shared.config import Settings
@@ -66,12 +65,14 @@ def blobs(services: Services) -> BlobStore:
     return services.blobs
 
 
-def _cache_entries(caches: redis.Redis, kb: KnowledgeBase, doc_id: str) -> set[str]:
-    """The cache entries listed under the document that still exist, and its list if it does."""
-    name = text_caches.listing((kb.tenant_id, kb.kb_id, doc_id))
-    listed = sorted(key.decode() if isinstance(key, bytes) else key for key in caches.smembers(name))
-    alive = [key for key in listed if caches.exists(key)]
-    return {*alive, *([name] if listed else [])}
+def _cache_entries(caches: redis.Redis, tenant_id: str) -> set[str]:
+    """The tenant's entries in the caches derived from texts, and the lists naming them."""
+    kinds = ("emb", "pii", "cached-by")
+    return {
+        key.decode() if isinstance(key, bytes) else key
+        for kind in kinds
+        for key in caches.scan_iter(match=f"ragline:{kind}:{tenant_id}:*", count=1000)
+    }
 
 
 def _cached_kinds(entries: set[str]) -> set[str]:
@@ -139,17 +140,18 @@ def test_deletes_leave_no_byte_of_a_ready_a_blocked_or_a_superseded_version(
     assert not blobs.exists(first_hash)
     assert blob_store_leaks(settings, first_wanted) == []
 
-    # Their texts' vectors and PII findings are cached, each listed under its document; a blocked
-    # document was analyzed but never embedded.
-    docs = ((kb, "ready.md"), (kb, "versions.md"), (blocking, "blocked.md"))
-    cached = {doc_id: _cache_entries(redis_client, kb_of, doc_id) for kb_of, doc_id in docs}
-    assert _cached_kinds(cached["ready.md"]) == {"emb", "pii", "cached-by"}
-    assert _cached_kinds(cached["versions.md"]) == {"emb", "pii", "cached-by"}
-    assert _cached_kinds(cached["blocked.md"]) == {"pii", "cached-by"}
+    # Their texts' vectors and PII findings are cached, each listed under the document version that
+    # wrote it (both versions of versions.md); a blocked document was analyzed but never embedded.
+    cached = _cache_entries(redis_client, kb.tenant_id)
+    assert _cached_kinds(cached) == {"emb", "pii", "cached-by"}
+    lists = {tuple(key.split(":")[4:]) for key in cached if key.startswith("ragline:cached-by:")}
+    assert lists >= {("ready.md", "1"), ("versions.md", "1"), ("versions.md", "2")}
+    assert _cached_kinds(_cache_entries(redis_client, blocking.tenant_id)) == {"pii", "cached-by"}
 
-    for kb_of, doc_id in docs:
+    for kb_of, doc_id in ((kb, "ready.md"), (kb, "versions.md"), (blocking, "blocked.md")):
         assert ingestor.delete(kb_of.tenant_id, kb_of.kb_id, doc_id).status == DocStatus.DELETED
-    assert [key for entries in cached.values() for key in entries if redis_client.exists(key)] == []
+    assert _cache_entries(redis_client, kb.tenant_id) == set()
+    assert _cache_entries(redis_client, blocking.tenant_id) == set()
     leaks = blob_store_leaks(settings, everything)
     leaks += index_leaks(opensearch, settings, kb.tenant_id, everything)
     leaks += index_leaks(opensearch, settings, blocking.tenant_id, everything)
@@ -197,6 +199,7 @@ def test_an_interrupted_delete_is_finished_by_the_reconciler(
     ready = wait_terminal(registry, kb, ["half.md"])["half.md"]
     assert ready.status == DocStatus.READY
     assert chunks_of(opensearch, settings, kb, "half.md")
+    assert _cached_kinds(_cache_entries(redis_client, kb.tenant_id)) == {"emb", "pii", "cached-by"}
     # What a delete leaves when its process dies after its first write: the record `deleting`
     # under a newer version, chunks and bytes untouched; here its lease has run out as well.
     current = registry.require_doc(kb.tenant_id, kb.kb_id, "half.md")
@@ -205,9 +208,6 @@ def test_an_interrupted_delete_is_finished_by_the_reconciler(
     record.status = DocStatus.DELETING
     record.lease_until = utcnow() - timedelta(seconds=1)
     registry.replace_doc(current, record)
-
-    cached = _cache_entries(redis_client, kb, "half.md")
-    assert _cached_kinds(cached) == {"emb", "pii", "cached-by"}
 
     ctx = replace(services, blobs=blobs)
     reconcile_once(ctx)  # the worker's own reconciler may have been first: the same end
@@ -218,7 +218,7 @@ def test_an_interrupted_delete_is_finished_by_the_reconciler(
     assert chunks_of(opensearch, settings, kb, "half.md") == []
     assert not blobs.exists(ready.content_hash)
     assert blob_store_leaks(settings, wanted) == []
-    assert [key for key in cached if redis_client.exists(key)] == []
+    assert _cache_entries(redis_client, kb.tenant_id) == set()
 
 
 def test_deleting_a_knowledge_base_removes_its_bytes_but_not_those_another_shares(
@@ -240,14 +240,14 @@ def test_deleting_a_knowledge_base_removes_its_bytes_but_not_those_another_share
     )
     assert wait_terminal(registry, other, ["shared.md"])["shared.md"].status == DocStatus.READY
     sha = registry.require_doc(other.tenant_id, other.kb_id, "shared.md").doc.content_hash
-    cached = _cache_entries(redis_client, kb, "own.md") | _cache_entries(redis_client, kb, "shared.md")
-    others = _cache_entries(redis_client, other, "shared.md")
-    assert _cached_kinds(cached) == _cached_kinds(others) == {"emb", "pii", "cached-by"}
+    assert _cached_kinds(_cache_entries(redis_client, kb.tenant_id)) == {"emb", "pii", "cached-by"}
+    others = _cache_entries(redis_client, other.tenant_id)
+    assert _cached_kinds(others) == {"emb", "pii", "cached-by"}
 
     catalog.delete_kb(kb.tenant_id, kb.kb_id)
     assert blob_store_leaks(settings, own_wanted) == []
     assert blobs.exists(sha)  # the other knowledge base's document still needs it
-    assert [key for key in cached if redis_client.exists(key)] == []
-    assert _cache_entries(redis_client, other, "shared.md") == others  # another tenant's own
+    assert _cache_entries(redis_client, kb.tenant_id) == set()
+    assert _cache_entries(redis_client, other.tenant_id) == others  # another tenant's own
     ingestor.delete(other.tenant_id, other.kb_id, "shared.md")
     assert blob_store_leaks(settings, shared_wanted) == []

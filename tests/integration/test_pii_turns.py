@@ -15,6 +15,7 @@ from workers.stages import pii
 from workers.stages.base import TurnEnded, TurnTally
 
 ENTITIES = ["EMAIL_ADDRESS", "PERSON"]
+LISTING = "ragline:cached-by:test-pii-turns"  # where the findings written are listed
 
 
 def _text(windows: int) -> str:
@@ -57,13 +58,15 @@ def test_a_text_analyzed_in_turns_finds_what_one_analysis_finds_each_window_once
     monkeypatch.setattr(pii, "analyzer", lambda: counting)
 
     # Another tenant's analysis of the same text, in one turn: the reference, and its cache.
-    other = pii.find(text, ENTITIES, 0.3, pii.Turn(redis_client, _doc(), ENTITIES, 0.3, [text]))
+    other = pii.find(
+        text, ENTITIES, 0.3, pii.Turn(redis_client, _doc(), ENTITIES, 0.3, [text], listing=LISTING)
+    )
     assert counting.calls == 3
     assert sum(f.entity == "EMAIL_ADDRESS" for f in other) >= 50
 
     doc, tallies = _doc(), []
     while True:  # no time for more than one window a turn
-        turn = pii.Turn(redis_client, doc, ENTITIES, 0.3, [text], turn_s=0)
+        turn = pii.Turn(redis_client, doc, ENTITIES, 0.3, [text], turn_s=0, listing=LISTING)
         try:
             found = pii.find(text, ENTITIES, 0.3, turn)
             break

@@ -124,7 +124,7 @@ def test_an_earlier_runs_failure_is_reported_as_such_and_still_fails_the_run(
 ) -> None:
     """A file that failed in an earlier run, uploaded again unchanged, was counted as `failed (this
     run)` though nothing was sent again."""
-    console = Console(file=io.StringIO())  # not a terminal: progress goes to stderr as JSON lines
+    console = Console(file=io.StringIO(), force_terminal=False)  # progress goes to stderr as JSON lines
     files = _files(tmp_path, ["new.txt", "old.txt"])
     report = load(_FailedBefore(), "kb", files, metadata={}, concurrency=1, wait=True, console=console)
     assert report.statuses == Counter(ready=1)

@@ -192,7 +192,14 @@ def test_expected_noise_is_dropped_and_real_trouble_kept() -> None:
     assert noise.filter(_record("ragline.test", sse, anyio.ClosedResourceError()))
 
 
-def test_the_redis_password_is_a_secret_wherever_a_message_quotes_it() -> None:
-    settings = Settings(redis=RedisSettings(url="redis://:hunter2-redis@10.0.0.5:6380/1"))
-    redact = logs.Redactor(logs.secret_values(settings))
+@pytest.mark.parametrize(
+    "url",
+    [
+        "redis://:hunter2-redis@10.0.0.5:6380/1",
+        "redis://:hunter2%2Dredis@h/0",
+        "redis://h/0?password=hunter2-redis",
+    ],
+)
+def test_the_redis_password_is_a_secret_wherever_a_message_quotes_it(url: str) -> None:
+    redact = logs.Redactor(logs.secret_values(Settings(redis=RedisSettings(url=url))))
     assert redact("AUTH hunter2-redis refused") == "AUTH [redacted] refused"

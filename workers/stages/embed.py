@@ -99,19 +99,18 @@ def run_batch(
     return [r for r in results if r is not None]
 
 
-def _cached(ctx: WorkerContext, docs: list[Document], owner: list[int], keys: list[str]) -> list[str | None]:
-    """The cached vector of each key, or None; each key is listed under its document
+def _cache(
+    ctx: WorkerContext, docs: list[Document], owner: list[int], keys: list[str], fresh: dict[int, str]
+) -> None:
+    """Cache the vectors just encoded (`fresh`: by text), each listed under its document's version
     (shared/text_caches.py), so that deleting the document removes it."""
-    if not keys:
-        return []
-    keys_of: list[list[str]] = [[] for _ in docs]
-    for i, key in enumerate(keys):
-        keys_of[owner[i]].append(key)
+    entries: dict[int, list[tuple[str, str]]] = {}
+    for i, vector in fresh.items():
+        entries.setdefault(owner[i], []).append((keys[i], vector))
     pipe = ctx.redis.pipeline(transaction=False)
-    pipe.mget(keys)
-    for doc, mine in zip(docs, keys_of, strict=True):
-        text_caches.remember(pipe, (doc.tenant_id, doc.kb_id, doc.doc_id), mine)
-    return [c.decode() if isinstance(c, bytes) else c for c in pipe.execute()[0]]
+    for position, written in entries.items():
+        text_caches.write(pipe, text_caches.listing(docs[position]), written, text_caches.EMBEDDING_TTL_S)
+    pipe.execute()
 
 
 def _run_model_batch(
@@ -126,7 +125,8 @@ def _run_model_batch(
     owner = [position for position, texts in enumerate(texts_of) for _ in texts]
     all_texts = [t for texts in texts_of for t in texts]
     keys = [cache_key(items[owner[i]][0].tenant_id, settings.model, t) for i, t in enumerate(all_texts)]
-    vectors = _cached(ctx, [doc for doc, _ in items], owner, keys)
+    cached = ctx.redis.mget(keys) if keys else []
+    vectors: list[str | None] = [c.decode() if isinstance(c, bytes) else c for c in cached]
     remaining = [i for i, v in enumerate(vectors) if v is None]
     missing: list[int] = []  # those encoded here
     refused: dict[int, RaglineError] = {}
@@ -150,12 +150,10 @@ def _run_model_batch(
             remaining = [i for i in remaining if owner[i] not in refused]
             missing = [i for i in missing if owner[i] not in refused]
             continue
-        pipe = ctx.redis.pipeline(transaction=False)
-        for i, vector in zip(part, fresh, strict=True):
-            encoded = encode_b64(vector)
-            vectors[i] = encoded
-            pipe.set(keys[i], encoded, ex=text_caches.EMBEDDING_TTL_S)
-        pipe.execute()
+        encoded = {i: encode_b64(vector) for i, vector in zip(part, fresh, strict=True)}
+        for i, vector in encoded.items():
+            vectors[i] = vector
+        _cache(ctx, [doc for doc, _ in items], owner, keys, encoded)
         missing += part
         remaining = remaining[len(part) :]
         if remaining and time.monotonic() >= turn_ends:

@@ -116,9 +116,12 @@ class Turn:
         threshold: float,
         texts: list[str],
         turn_s: float = math.inf,
+        *,
+        listing: str,
     ) -> None:
         self.broker, self.ends = broker, time.monotonic() + turn_s
         self.doc = doc  # (tenant_id, kb_id, doc_id), as TurnEnded names it
+        self.listing = listing  # where the findings written are listed (shared/text_caches.py)
         # What the findings depend on besides the window: the entities asked for and the threshold.
         self.prefix = f"ragline:pii:{doc[0]}:{SPACY_MODEL}:{threshold}:{','.join(sorted(entities))}:"
         self.total = sum(len(analysis_windows(len(text))) for text in texts)
@@ -127,12 +130,7 @@ class Turn:
     def findings(self, windows: list[str], analyze: Callable[[str], list[Finding]]) -> list[list[Finding]]:
         """Each window's findings (offsets into the window): cached, else `analyze(window)`."""
         keys = [self.prefix + hashlib.sha256(window.encode()).hexdigest() for window in windows]
-        cached: list[Any] = []
-        if keys:
-            pipe = self.broker.pipeline(transaction=False)
-            pipe.mget(keys)
-            text_caches.remember(pipe, self.doc, keys)
-            cached = pipe.execute()[0]
+        cached = self.broker.mget(keys) if keys else []
         out: list[list[Finding]] = []
         for window, key, hit in zip(windows, keys, cached, strict=True):
             if hit is None:
@@ -141,11 +139,10 @@ class Turn:
                         self.done, self.total, {self.doc: TurnTally(self.done, self.total, self.analyzed)}
                     )
                 found: list[Finding] = analyze(window)
-                self.broker.set(
-                    key,
-                    json.dumps([[f.start, f.end, f.entity, f.score] for f in found]),
-                    ex=text_caches.PII_FINDINGS_TTL_S,
-                )
+                rows = json.dumps([[f.start, f.end, f.entity, f.score] for f in found])
+                pipe = self.broker.pipeline(transaction=False)
+                text_caches.write(pipe, self.listing, [(key, rows)], text_caches.PII_FINDINGS_TTL_S)
+                pipe.execute()
                 self.analyzed += 1
             else:
                 found = [Finding(*row) for row in json.loads(hit)]
@@ -315,6 +312,7 @@ def run(ctx: WorkerContext, doc: Document, enriched: dict[str, Any]) -> StageRes
         threshold,
         [text, labelled(labels)],
         ctx.settings.pii.turn_s,
+        listing=text_caches.listing(doc),
     )
     findings = find(text, entities, threshold, turn)
     counts: Counter[str] = Counter(f.entity for f in findings)
