@@ -19,7 +19,7 @@ from shared.errors import ErrorCode, RaglineError, TransientError
 from shared.ingest import Ingestor
 from shared.models import DocStatus, Document, KbSettings, KnowledgeBase, Reembed, check_pii_settings
 from shared.queue import enqueue
-from shared.registry import Registry, kb_key
+from shared.registry import KbCounts, Registry, kb_key
 from shared.search.chunk_index import delete_kb_chunks, read_chunks
 from shared.search.placement import (
     attach_to_default,
@@ -53,6 +53,10 @@ class KbView(BaseModel):
     reembed: Reembed | None
     reembed_error: str | None
     document_count: int = Field(description="Documents not deleted: queued, in work, ready or failed.")
+    documents_by_status: dict[str, int] = Field(
+        description="Those documents by status (queued, a stage's status such as embedding, ready, "
+        "failed); a status no document has is left out."
+    )
     chunk_count: int = Field(
         description="Their chunks; a document in work counts its new version's once chunked."
     )
@@ -164,7 +168,7 @@ class Catalog:
             busy="the knowledge base is being created or deleted; retry shortly",
         )
 
-    def view(self, kb: KnowledgeBase, counts: tuple[int, int]) -> KbView:
+    def view(self, kb: KnowledgeBase, counts: KbCounts) -> KbView:
         return KbView(
             kb_id=kb.kb_id,
             name=kb.name,
@@ -175,8 +179,9 @@ class Catalog:
             embedding_dimension=kb.embedding_dimension,
             reembed=kb.reembed,
             reembed_error=kb.reembed_error,
-            document_count=counts[0],
-            chunk_count=counts[1],
+            document_count=counts.documents,
+            documents_by_status=counts.by_status,
+            chunk_count=counts.chunks,
             created_at=kb.created_at.isoformat(),
             updated_at=kb.updated_at.isoformat(),
         )
@@ -184,11 +189,11 @@ class Catalog:
     def list_kbs(self, tenant_id: str) -> list[KbView]:
         kbs = self.registry.list_kbs(tenant_id)
         counts = self.registry.kb_counts(tenant_id, [kb.kb_id for kb in kbs])
-        return [self.view(kb, counts.get(kb.kb_id, (0, 0))) for kb in kbs]
+        return [self.view(kb, counts.get(kb.kb_id, KbCounts())) for kb in kbs]
 
     def get_kb(self, tenant_id: str, kb_id: str) -> KbView:
         kb = self.registry.get_kb(tenant_id, kb_id)
-        return self.view(kb, self.registry.kb_counts(tenant_id, [kb_id]).get(kb_id, (0, 0)))
+        return self.view(kb, self.registry.kb_counts(tenant_id, [kb_id]).get(kb_id, KbCounts()))
 
     def create_kb(
         self,
@@ -226,7 +231,7 @@ class Catalog:
                 except Exception:
                     self.registry.delete_kb(tenant_id, kb_id)  # no KB without the index of its model
                     raise
-        return self.view(kb, (0, 0))
+        return self.view(kb, KbCounts())
 
     def _dimension(self, model: str) -> int:
         """The vector dimension of a model this server may serve, from its encoder (the API embeds

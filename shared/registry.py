@@ -14,7 +14,7 @@ import contextlib
 import time
 from collections.abc import Callable, Iterator
 from contextvars import ContextVar
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
@@ -85,6 +85,15 @@ def doc_key(tenant_id: str, kb_id: str, doc_id: str) -> str:
 _kb_snapshots: ContextVar[dict[tuple[str, str], KnowledgeBase] | None] = ContextVar(
     "kb_snapshots", default=None
 )
+
+
+@dataclass(frozen=True)
+class KbCounts:
+    """A knowledge base's documents that are not deleted, their chunks, and the documents by status."""
+
+    documents: int = 0
+    chunks: int = 0
+    by_status: dict[str, int] = field(default_factory=dict)
 
 
 class Registry:
@@ -319,8 +328,8 @@ class Registry:
                 active[record["doc_id"]] = int(record["active_generation"])
         return active
 
-    def kb_counts(self, tenant_id: str, kb_ids: list[str]) -> dict[str, tuple[int, int]]:
-        """kb_id -> (documents, chunks) of its records that are not deleted."""
+    def kb_counts(self, tenant_id: str, kb_ids: list[str]) -> dict[str, KbCounts]:
+        """kb_id -> the counts of its records that are not deleted."""
         if not kb_ids:
             return {}
         response = self.client.search(
@@ -336,13 +345,20 @@ class Registry:
                 "aggs": {
                     "kbs": {
                         "terms": {"field": "kb_id", "size": len(kb_ids)},
-                        "aggs": {"chunks": {"sum": {"field": "chunk_count"}}},
+                        "aggs": {
+                            "chunks": {"sum": {"field": "chunk_count"}},
+                            "status": {"terms": {"field": "status", "size": len(DocStatus)}},
+                        },
                     }
                 },
             },
         )
         return {
-            b["key"]: (b["doc_count"], int(b["chunks"]["value"]))
+            b["key"]: KbCounts(
+                b["doc_count"],
+                int(b["chunks"]["value"]),
+                {s["key"]: s["doc_count"] for s in b["status"]["buckets"]},
+            )
             for b in response["aggregations"]["kbs"]["buckets"]
         }
 

@@ -148,7 +148,14 @@ def kb_create(
 def kb_list(server: Server = None, api_key: ApiKey = None, as_json: AsJson = False) -> None:
     """List knowledge bases with document and chunk counts."""
     kbs = _call(_remote(server, api_key), "GET", api_path("kbs"))["knowledge_bases"]
-    _print(kbs, as_json, ["kb_id", "name", "document_count", "chunk_count", "description"], kbs)
+    # A count of documents alone read as loaded while most of them were still queued.
+    rows = [
+        kb | {status: kb.get("documents_by_status", {}).get(status, 0) for status in _SHOWN} for kb in kbs
+    ]
+    _print(kbs, as_json, ["kb_id", "name", "document_count", *_SHOWN, "chunk_count", "description"], rows)
+
+
+_SHOWN = ("ready", "failed")  # of the documents by status, those a table shows
 
 
 @kb_app.command("show")

@@ -13,7 +13,7 @@ from shared.config import Settings
 from shared.embedding import embedded_text, encoder, token_counter
 from shared.ingest import Ingestor
 from shared.models import DocStatus, KnowledgeBase, Outcome
-from shared.registry import Registry, doc_key
+from shared.registry import KbCounts, Registry, doc_key
 from shared.search.requests import SearchRequest
 from shared.search.schema import chunks_alias, docs_index
 from shared.search.searcher import Searcher
@@ -307,6 +307,15 @@ def test_bad_files_fail_with_their_code_while_a_good_one_is_ready(
         assert doc.error is not None
         assert (doc.error.code, doc.error.stage, doc.error.retryable) == (code, "parse", False), name
         assert doc.error.message
+    # The knowledge base counts its documents by status: a count alone read as loaded while most
+    # of them still waited. (The count is a search: it sees the records once refreshed.)
+    expected = {"ready": 1, "failed": len(BAD_FILES)}
+    deadline = time.monotonic() + 30
+    counts = registry.kb_counts(kb.tenant_id, [kb.kb_id]).get(kb.kb_id, KbCounts())
+    while counts.by_status != expected and time.monotonic() < deadline:
+        time.sleep(0.2)
+        counts = registry.kb_counts(kb.tenant_id, [kb.kb_id]).get(kb.kb_id, KbCounts())
+    assert (counts.documents, counts.by_status) == (1 + len(BAD_FILES), expected)
 
 
 def test_scanned_pdf_pages_are_ocred(
