@@ -68,10 +68,11 @@ def forget_documents(registry: Registry, blobs: BlobStore, caches: redis.Redis, 
     entries, and their bytes where no live record needs them."""
     for doc in docs:
         drop_artifacts(blobs, doc)
-    release_blobs(registry, blobs, [doc.content_hash for doc in docs])
-    # Last: a retried KB delete no longer finds these records, and bytes left would stay for
-    # good, where a cache entry left expires.
-    text_caches.forget(caches, docs)
+    # A retried KB delete no longer finds these records: each goes even where the other fails.
+    try:
+        release_blobs(registry, blobs, [doc.content_hash for doc in docs])
+    finally:
+        text_caches.forget(caches, docs)
 
 
 def finish_delete(

@@ -20,7 +20,7 @@ from typing import Any
 
 from celery.exceptions import Retry as CeleryRetry
 
-from shared import blobs, tracing
+from shared import blobs, text_caches, tracing
 from shared.errors import TransientError
 from shared.ingest import STAGE_TASK, StageRef, hand_to_reconciler
 from shared.models import PIPELINE, Document, Stage, utcnow
@@ -59,13 +59,20 @@ def drop_artifacts(ctx: WorkerContext, ref: StageRef, doc: Document, *, older: b
 def drop_superseded(ctx: WorkerContext, ref: StageRef, claimed: Versioned) -> Versioned | None:
     """After a write fenced by `claimed` conflicted: the record as it is now. When that is no
     longer this version of this record (gone, created anew after its KB was deleted and created
-    again, or at a later version), what this version handed on goes: nothing else would ever read
-    or remove it, and it is the document's raw text."""
+    again, or at a later version), this version's leavings go (`drop_version`)."""
     now = ctx.registry.get_doc(ref.tenant_id, ref.kb_id, ref.doc_id)
     replaced = now is not None and now.doc.created_at != claimed.doc.created_at
     if replaced or lifecycle.superseded(now.doc if now else None, ref.content_version):
-        drop_artifacts(ctx, ref, claimed.doc, older=False)
+        drop_version(ctx, ref, claimed.doc)
     return now
+
+
+def drop_version(ctx: WorkerContext, ref: StageRef, doc: Document) -> None:
+    """What a version superseded or deleted while a stage ran handed on, and the cache entries it
+    used: nothing else would ever read or remove the one, which is the document's raw text, and
+    the other was written (or listed) after the delete's own sweep of the caches."""
+    drop_artifacts(ctx, ref, doc, older=False)
+    text_caches.forget_lists(ctx.redis, [text_caches.listing(doc)])
 
 
 def stage_input(ctx: WorkerContext, item: ClaimedStage, files: contextlib.ExitStack) -> Any:

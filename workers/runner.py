@@ -46,6 +46,7 @@ from workers.handover import (
     ClaimedStage,
     drop_artifacts,
     drop_superseded,
+    drop_version,
     hand_over,
     send,
     stage_input,
@@ -351,8 +352,8 @@ def _finish_failed(
             or lifecycle.superseded(current.doc, ref.content_version)
             or (created_at is not None and current.doc.created_at != created_at)
         ):
-            if claimed is not None:  # what this version of this record handed on goes with it
-                drop_artifacts(ctx, ref, claimed.doc, older=False)
+            if claimed is not None:  # what this version of this record left goes with it
+                drop_version(ctx, ref, claimed.doc)
             return
         try:
             ctx.registry.replace_doc(current, lifecycle.fail(current.doc, ref.stage, error, utcnow()))

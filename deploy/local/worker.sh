@@ -43,10 +43,10 @@ metrics_port() {
 }
 
 # One start or stop of a worker at a time (serialise): two starts at once both launched a worker
-# for one pid file. A start holds the lock until the worker is ready (the broker's check and
-# Celery's start: 300 s at most), not while its models load: a second start meanwhile finds it
-# running.
-LOCK_WAIT_S=330
+# for one pid file. A start holds the lock until the worker is ready (the broker's check, Celery's
+# start and the stop of a failed one: about 360 s at most), not while its models load: a second
+# start meanwhile finds it running.
+LOCK_WAIT_S=400
 start() {
   require_ragline
   serialise "$NAME" "$LOCK_WAIT_S"

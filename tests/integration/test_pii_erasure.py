@@ -9,6 +9,7 @@ its local name) is looked for as well: keywords computed before redaction held s
 from __future__ import annotations
 
 import random
+import time
 from dataclasses import replace
 from datetime import timedelta
 
@@ -251,3 +252,37 @@ def test_deleting_a_knowledge_base_removes_its_bytes_but_not_those_another_share
     assert _cache_entries(redis_client, other.tenant_id) == others  # another tenant's own
     ingestor.delete(other.tenant_id, other.kb_id, "shared.md")
     assert blob_store_leaks(settings, shared_wanted) == []
+
+
+def _long_note(rng: random.Random, paragraphs: int) -> bytes:
+    """Paragraphs of words no other test writes: every chunk's text, and so its vector, is new."""
+    words = [f"{rng.getrandbits(40):x}" for _ in range(2000)]
+    return "\n\n".join(" ".join(rng.choices(words, k=120)) for _ in range(paragraphs)).encode()
+
+
+def test_a_delete_while_the_document_embeds_leaves_no_cache_entry_once_the_stage_stops(
+    registry: Registry, ingestor: Ingestor, redis_client: redis.Redis, settings: Settings
+) -> None:
+    """The delete swept the caches while the stage went on embedding for the rest of its turn:
+    what it cached after the sweep stayed, for the cache's 30 days."""
+    kb = new_kb(registry, pii_policy="off")
+    # Minutes of embedding here: the delete comes early in its first turn.
+    ingestor.submit(kb.tenant_id, kb.kb_id, _long_note(random.Random(), 600), filename="long.md")
+    deadline = time.monotonic() + 300
+    while (doc := registry.require_doc(kb.tenant_id, kb.kb_id, "long.md").doc).status != DocStatus.EMBEDDING:
+        assert doc.status not in (DocStatus.READY, DocStatus.FAILED), doc.status  # too short to catch
+        assert time.monotonic() < deadline, doc.status
+        time.sleep(0.2)
+    assert ingestor.delete(kb.tenant_id, kb.kb_id, "long.md").status == DocStatus.DELETED
+    deleted = time.monotonic()
+    # The stage goes on to the end of its turn (RAGLINE_EMBEDDING__TURN_S), caching each slice it
+    # embeds; then it finds its version deleted and sweeps that version's list. Before the turn
+    # can have ended the entries may be gone for a moment (the delete's sweep), not for good.
+    time.sleep(settings.embedding.turn_s)
+    written = len(_cache_entries(redis_client, kb.tenant_id))
+    while (left := _cache_entries(redis_client, kb.tenant_id)) and time.monotonic() < deleted + 300:
+        time.sleep(1.0)
+    time.sleep(5.0)  # and nothing comes back
+    left |= _cache_entries(redis_client, kb.tenant_id)
+    print(f"cache entries and lists a turn after the delete: {written}; once the stage stopped: {len(left)}")
+    assert left == set()

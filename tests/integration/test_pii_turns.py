@@ -11,11 +11,11 @@ from typing import Any
 import pytest
 import redis
 
+from shared import text_caches
 from workers.stages import pii
 from workers.stages.base import TurnEnded, TurnTally
 
 ENTITIES = ["EMAIL_ADDRESS", "PERSON"]
-LISTING = "ragline:cached-by:test-pii-turns"  # where the findings written are listed
 
 
 def _text(windows: int) -> str:
@@ -50,6 +50,11 @@ def _doc() -> tuple[str, str, str]:
     return (f"t-{uuid.uuid4().hex[:8]}", "kb", "doc")
 
 
+def _listing(doc: tuple[str, str, str]) -> str:
+    """Where the document's first version lists the findings it used."""
+    return text_caches.version_listing(*doc, 1)
+
+
 def test_a_text_analyzed_in_turns_finds_what_one_analysis_finds_each_window_once(
     redis_client: redis.Redis, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -58,15 +63,16 @@ def test_a_text_analyzed_in_turns_finds_what_one_analysis_finds_each_window_once
     monkeypatch.setattr(pii, "analyzer", lambda: counting)
 
     # Another tenant's analysis of the same text, in one turn: the reference, and its cache.
+    first = _doc()
     other = pii.find(
-        text, ENTITIES, 0.3, pii.Turn(redis_client, _doc(), ENTITIES, 0.3, [text], listing=LISTING)
+        text, ENTITIES, 0.3, pii.Turn(redis_client, first, ENTITIES, 0.3, [text], listing=_listing(first))
     )
     assert counting.calls == 3
     assert sum(f.entity == "EMAIL_ADDRESS" for f in other) >= 50
 
     doc, tallies = _doc(), []
     while True:  # no time for more than one window a turn
-        turn = pii.Turn(redis_client, doc, ENTITIES, 0.3, [text], turn_s=0, listing=LISTING)
+        turn = pii.Turn(redis_client, doc, ENTITIES, 0.3, [text], turn_s=0, listing=_listing(doc))
         try:
             found = pii.find(text, ENTITIES, 0.3, turn)
             break

@@ -15,6 +15,7 @@ import base64
 import hashlib
 import math
 import time
+from collections.abc import Iterable
 from typing import Any
 
 import numpy as np
@@ -99,18 +100,29 @@ def run_batch(
     return [r for r in results if r is not None]
 
 
+def _by_list(
+    docs: list[Document], owner: list[int], pairs: Iterable[tuple[int, Any]]
+) -> dict[str, list[Any]]:
+    """`pairs` (text, item) grouped by the list of the document each text is of."""
+    grouped: dict[str, list[Any]] = {}
+    for i, item in pairs:
+        grouped.setdefault(text_caches.listing(docs[owner[i]]), []).append(item)
+    return grouped
+
+
+def _cached(ctx: WorkerContext, docs: list[Document], owner: list[int], keys: list[str]) -> list[str | None]:
+    """The cached vector of each text's key, or None; each key is listed under its document's
+    version as used (shared/text_caches.py), so that deleting the document removes it."""
+    found = text_caches.read(ctx.redis, _by_list(docs, owner, enumerate(keys)))
+    return [None if (value := found[key]) is None else value.decode() for key in keys]
+
+
 def _cache(
     ctx: WorkerContext, docs: list[Document], owner: list[int], keys: list[str], fresh: dict[int, str]
 ) -> None:
-    """Cache the vectors just encoded (`fresh`: by text), each listed under its document's version
-    (shared/text_caches.py), so that deleting the document removes it."""
-    entries: dict[int, list[tuple[str, str]]] = {}
-    for i, vector in fresh.items():
-        entries.setdefault(owner[i], []).append((keys[i], vector))
-    pipe = ctx.redis.pipeline(transaction=False)
-    for position, written in entries.items():
-        text_caches.write(pipe, text_caches.listing(docs[position]), written, text_caches.EMBEDDING_TTL_S)
-    pipe.execute()
+    """Cache the vectors just encoded (`fresh`: by text), each listed under its document's version."""
+    entries = _by_list(docs, owner, ((i, (keys[i], vector)) for i, vector in fresh.items()))
+    text_caches.write(ctx.redis, entries, text_caches.EMBEDDING_TTL_S)
 
 
 def _run_model_batch(
@@ -125,8 +137,7 @@ def _run_model_batch(
     owner = [position for position, texts in enumerate(texts_of) for _ in texts]
     all_texts = [t for texts in texts_of for t in texts]
     keys = [cache_key(items[owner[i]][0].tenant_id, settings.model, t) for i, t in enumerate(all_texts)]
-    cached = ctx.redis.mget(keys) if keys else []
-    vectors: list[str | None] = [c.decode() if isinstance(c, bytes) else c for c in cached]
+    vectors = _cached(ctx, [doc for doc, _ in items], owner, keys)
     remaining = [i for i, v in enumerate(vectors) if v is None]
     missing: list[int] = []  # those encoded here
     refused: dict[int, RaglineError] = {}

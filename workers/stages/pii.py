@@ -121,7 +121,7 @@ class Turn:
     ) -> None:
         self.broker, self.ends = broker, time.monotonic() + turn_s
         self.doc = doc  # (tenant_id, kb_id, doc_id), as TurnEnded names it
-        self.listing = listing  # where the findings written are listed (shared/text_caches.py)
+        self.listing = listing  # where the findings used are listed (shared/text_caches.py)
         # What the findings depend on besides the window: the entities asked for and the threshold.
         self.prefix = f"ragline:pii:{doc[0]}:{SPACY_MODEL}:{threshold}:{','.join(sorted(entities))}:"
         self.total = sum(len(analysis_windows(len(text))) for text in texts)
@@ -130,7 +130,8 @@ class Turn:
     def findings(self, windows: list[str], analyze: Callable[[str], list[Finding]]) -> list[list[Finding]]:
         """Each window's findings (offsets into the window): cached, else `analyze(window)`."""
         keys = [self.prefix + hashlib.sha256(window.encode()).hexdigest() for window in windows]
-        cached = self.broker.mget(keys) if keys else []
+        values = text_caches.read(self.broker, {self.listing: keys})
+        cached = [values[key] for key in keys]
         out: list[list[Finding]] = []
         for window, key, hit in zip(windows, keys, cached, strict=True):
             if hit is None:
@@ -140,9 +141,7 @@ class Turn:
                     )
                 found: list[Finding] = analyze(window)
                 rows = json.dumps([[f.start, f.end, f.entity, f.score] for f in found])
-                pipe = self.broker.pipeline(transaction=False)
-                text_caches.write(pipe, self.listing, [(key, rows)], text_caches.PII_FINDINGS_TTL_S)
-                pipe.execute()
+                text_caches.write(self.broker, {self.listing: [(key, rows)]}, text_caches.PII_FINDINGS_TTL_S)
                 self.analyzed += 1
             else:
                 found = [Finding(*row) for row in json.loads(hit)]
