@@ -4,9 +4,9 @@ A document leaves chunks in the search indexes, stage artifacts (the parsed text
 its uploaded bytes in the blob store, and entries in the caches derived from its text (its
 chunks' vectors, its PII findings: shared/text_caches.py). Deleting it removes all four; a
 record left in `deleting` (the process died half way) is finished by the reconciler the same
-way, since each step is idempotent. The bytes are content-addressed and shared by every record with the same
-hash, in any tenant: they go only when no live record (any status but `deleting` and `deleted`)
-has that hash.
+way, since each step is idempotent. The bytes are content-addressed and shared by every record
+with the same hash, in any tenant: they go only when no live record (any status but `deleting`
+and `deleted`) has that hash.
 """
 
 from __future__ import annotations

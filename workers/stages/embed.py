@@ -114,7 +114,7 @@ def _cached(ctx: WorkerContext, docs: list[Document], owner: list[int], keys: li
     """The cached vector of each text's key, or None; each key is listed under its document's
     version as used (shared/text_caches.py), so that deleting the document removes it."""
     found = text_caches.read(ctx.redis, _by_list(docs, owner, enumerate(keys)))
-    return [None if (value := found[key]) is None else value.decode() for key in keys]
+    return [value.decode() if isinstance(value := found[key], bytes) else value for key in keys]
 
 
 def _cache(
