@@ -155,6 +155,14 @@ def release_for_retry(doc: Document, stage: Stage, error: RaglineError, lease_un
     return released
 
 
+def note_error(doc: Document, stage: Stage, error: RaglineError) -> Document:
+    """The claimed document with the retryable error its stage met after its work, still claimed:
+    the reconciler sends the stage again when the lease runs out, and that claim counts."""
+    noted = doc.model_copy()
+    noted.error = ErrorInfo(code=error.code.value, stage=stage.value, message=error.message, retryable=True)
+    return noted
+
+
 def release_turn(doc: Document, lease_until: datetime, stage: Stage, tally: TurnTally | None) -> Document:
     """The document released between two turns of its stage, for a resend due before `lease_until`:
     it stays at the stage with no error, as nothing failed. Its progress moves by the share of the

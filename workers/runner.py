@@ -252,10 +252,32 @@ def _run_claimed(
         mine = {"tenant": item.ref.tenant_id, "kb": item.ref.kb_id, "doc_id": item.ref.doc_id}
         with logs.bound(**mine), peers.peer_span(traces, item.ref):
             share = elapsed * weight / sum(weights)
-            following = hand_over(ctx, item.ref, item.claim, result, share, stages if may_chain else None)
+            try:
+                following = hand_over(ctx, item.ref, item.claim, result, share, stages if may_chain else None)
+            except Exception as error:
+                if is_outage(error):
+                    raise  # hand_over sent what it could; the task waits the outage out
+                _hand_over_failed(ctx, item, classify(item.ref, error))
+                continue
         if following is not None:
             chained.append(following)
     return chained
+
+
+def _hand_over_failed(ctx: WorkerContext, item: ClaimedStage, failure: RaglineError) -> None:
+    """A stage's result that could not be handed on (its artifact not written, an unexpected error
+    in the write): the document fails for good where the failure says so. Otherwise it stays
+    claimed at its stage with the error recorded, so the reconciler sends the stage again when the
+    lease runs out, that claim counts towards the attempt limit, and a document that keeps failing
+    so ends `RETRIES_EXHAUSTED` naming this error, not an unexplained one. The other documents of
+    the batch are handed on all the same."""
+    if not failure.retryable:
+        _finish_failed(ctx, item.ref, failure, item.claim)
+        return
+    try:
+        ctx.registry.replace_doc(item.claim, lifecycle.note_error(item.claim.doc, item.ref.stage, failure))
+    except Conflict:  # superseded meanwhile: nothing of ours to record
+        drop_superseded(ctx, item.ref, item.claim)
 
 
 def _retry_or_fail(

@@ -221,3 +221,43 @@ def test_an_interactive_document_of_many_chunks_is_embedded_from_the_bulk_queue(
     assert doc.status == DocStatus.READY, doc.error
     assert doc.chunk_count > 2
     assert doc.queue == "bulk"
+
+
+def test_a_result_that_cannot_be_handed_on_records_its_error_and_holds_back_no_other_document(
+    registry: Registry, settings: Settings, services: Services
+) -> None:
+    """An error after the stage's work, in its hand-over (here the artifact cannot be written: a
+    lone surrogate, as a JSON escape once produced), is classified like the stage's own: the
+    document stays claimed at its stage with the error recorded, the reconciler sends the stage
+    again when the lease runs out, and the rest of the batch goes on. It used to escape the task
+    untyped: nothing recorded why, and the batch's later documents waited out the lease."""
+    alice, bob = new_kb(registry, pii_policy="off"), new_kb(registry, pii_policy="off")
+    culprit = _waiting(registry, settings, alice, "alice-odd.txt")
+    note = _waiting(registry, settings, bob, "bob-note.txt")
+    peers.announce(services.redis, note, 1)
+
+    def unwritable_for_alice(
+        ctx: WorkerContext, items: list[tuple[Document, Any]]
+    ) -> list[StageResult | RaglineError]:
+        results = [STAGES.functions[Stage.PARSE](ctx, doc, data) for doc, data in items]
+        return [
+            replace(result, artifact={**result.artifact, "odd": "\ud800"})
+            if doc.doc_id == culprit.doc_id
+            else result
+            for (doc, _), result in zip(items, results, strict=True)
+        ]
+
+    run_stage(
+        services, culprit, replace(STAGES, batches={**STAGES.batches, Stage.PARSE: unwritable_for_alice}), 0
+    )
+
+    doc = registry.require_doc(alice.tenant_id, alice.kb_id, culprit.doc_id).doc
+    assert (doc.status, doc.stage, doc.claimed_by is not None) == (DocStatus.PARSING, Stage.PARSE, True)
+    assert doc.error is not None
+    assert (doc.error.code, doc.error.stage, doc.error.retryable) == (ErrorCode.INTERNAL.value, "parse", True)
+    assert "UnicodeEncodeError" in doc.error.message
+    # The other document of the batch was handed on; the stack's worker takes it to ready.
+    assert wait_terminal(registry, bob, [note.doc_id], timeout_s=180)[note.doc_id].status == DocStatus.READY
+    # Once the lease runs out the reconciler sends parse again, whose real result is written.
+    done = wait_terminal(registry, alice, [culprit.doc_id], timeout_s=300)[culprit.doc_id]
+    assert (done.status, done.error) == (DocStatus.READY, None)

@@ -190,6 +190,35 @@ def test_a_stage_started_too_often_fails_with_its_last_error(stage: Stage) -> No
     assert (failed.claimed_by, failed.lease_until) == (None, None)
 
 
+def test_a_hand_over_error_is_noted_on_the_claim_and_each_start_after_it_counts() -> None:
+    """Unlike a release for retry, which gives its start back, the noted error keeps the claim and
+    its count: a stage whose hand-over fails every time ends RETRIES_EXHAUSTED naming the error."""
+    error = TransientError("internal error in the parse stage (UnicodeEncodeError)")
+    error.code = ErrorCode.INTERNAL
+    doc = _claimed(Stage.PARSE, lease_left=timedelta(seconds=30), attempts=1)
+    for _ in range(POLICY.attempt_limit):
+        noted = lifecycle.note_error(doc, Stage.PARSE, error)
+        assert (noted.claimed_by, noted.lease_until, noted.attempts) == (
+            doc.claimed_by,
+            doc.lease_until,
+            doc.attempts,
+        )
+        assert noted.error is not None
+        assert noted.error.retryable
+        expired = noted.model_copy(update={"lease_until": NOW - timedelta(seconds=1)})
+        decision = lifecycle.claim(expired, _ref(Stage.PARSE), POLICY, NOW)
+        if isinstance(decision, GiveUp):
+            break
+        assert isinstance(decision, Take)
+        doc = decision.doc
+    assert isinstance(decision, GiveUp)
+    assert decision.doc.error is not None
+    assert decision.doc.error.code == ErrorCode.RETRIES_EXHAUSTED.value
+    assert decision.doc.error.message.endswith(
+        "; last error: INTERNAL: internal error in the parse stage (UnicodeEncodeError)"
+    )
+
+
 def test_the_last_allowed_start_is_still_claimed() -> None:
     doc = _claimed(Stage.CHUNK, lease_left=-timedelta(seconds=1), attempts=POLICY.attempt_limit - 1)
     decision = lifecycle.claim(doc, _ref(Stage.CHUNK), POLICY, NOW)
