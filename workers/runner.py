@@ -34,6 +34,8 @@ from dataclasses import replace
 from datetime import datetime
 from typing import NoReturn
 
+from celery.exceptions import SoftTimeLimitExceeded
+
 from shared import logs, tracing
 from shared.errors import ErrorCode, RaglineError, TransientError
 from shared.ingest import StageRef
@@ -255,8 +257,8 @@ def _run_claimed(
             try:
                 following = hand_over(ctx, item.ref, item.claim, result, share, stages if may_chain else None)
             except Exception as error:
-                if is_outage(error):
-                    raise  # hand_over sent what it could; the task waits the outage out
+                if is_outage(error) or isinstance(error, SoftTimeLimitExceeded):
+                    raise  # an outage is waited out (hand_over sent what it could); the task's time is up
                 _hand_over_failed(ctx, item, classify(item.ref, error))
                 continue
         if following is not None:
@@ -266,17 +268,16 @@ def _run_claimed(
 
 def _hand_over_failed(ctx: WorkerContext, item: ClaimedStage, failure: RaglineError) -> None:
     """A stage's result that could not be handed on (its artifact not written, an unexpected error
-    in the write): the document fails for good where the failure says so. Otherwise it stays
-    claimed at its stage with the error recorded, so the reconciler sends the stage again when the
-    lease runs out, that claim counts towards the attempt limit, and a document that keeps failing
-    so ends `RETRIES_EXHAUSTED` naming this error, not an unexplained one. The other documents of
-    the batch are handed on all the same."""
-    if not failure.retryable:
-        _finish_failed(ctx, item.ref, failure, item.claim)
-        return
+    in the write or after it): the error is recorded on the document, which stays claimed at its
+    stage, so the reconciler sends the stage again when the lease runs out. That claim counts
+    towards the attempt limit, so a document that keeps failing so ends `RETRIES_EXHAUSTED` naming
+    this error, not an unexplained one. A failure that would not be retried goes the same way: an
+    error after the stage's work says little of the document itself. The write is fenced by the
+    claim: where the hand-over's own write landed before the error, the record has moved on and is
+    left as it is. The other documents of the batch are handed on all the same."""
     try:
         ctx.registry.replace_doc(item.claim, lifecycle.note_error(item.claim.doc, item.ref.stage, failure))
-    except Conflict:  # superseded meanwhile: nothing of ours to record
+    except Conflict:  # moved on by the hand-over itself, or superseded: nothing of ours to record
         drop_superseded(ctx, item.ref, item.claim)
 
 

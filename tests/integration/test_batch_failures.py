@@ -14,7 +14,7 @@ import pytest
 from celery.exceptions import SoftTimeLimitExceeded
 
 from shared.config import Settings
-from shared.errors import ErrorCode, RaglineError
+from shared.errors import ErrorCode, PermanentError, RaglineError
 from shared.ingest import QUEUE_LEASE, StageRef
 from shared.models import DocStatus, Document, KnowledgeBase, Stage, utcnow
 from shared.registry import Registry
@@ -256,8 +256,45 @@ def test_a_result_that_cannot_be_handed_on_records_its_error_and_holds_back_no_o
     assert doc.error is not None
     assert (doc.error.code, doc.error.stage, doc.error.retryable) == (ErrorCode.INTERNAL.value, "parse", True)
     assert "UnicodeEncodeError" in doc.error.message
-    # The other document of the batch was handed on; the stack's worker takes it to ready.
+    # The other document of the batch was handed on (its light stages ran here), not left claimed
+    # at parse; the stack's worker takes it to ready.
+    assert registry.require_doc(bob.tenant_id, bob.kb_id, note.doc_id).doc.stage != Stage.PARSE
     assert wait_terminal(registry, bob, [note.doc_id], timeout_s=180)[note.doc_id].status == DocStatus.READY
     # Once the lease runs out the reconciler sends parse again, whose real result is written.
     done = wait_terminal(registry, alice, [culprit.doc_id], timeout_s=300)[culprit.doc_id]
     assert (done.status, done.error) == (DocStatus.READY, None)
+
+
+@pytest.mark.parametrize(
+    "error",
+    [PermanentError("unusable", code=ErrorCode.INTERNAL), SoftTimeLimitExceeded()],
+    ids=["permanent", "timed-out"],
+)
+def test_an_error_after_the_hand_over_landed_leaves_the_document_where_it_moved(
+    registry: Registry, settings: Settings, services: Services, error: Exception
+) -> None:
+    """An error after the hand-over's own write landed (in the step it runs once the record is
+    written, as store's retiring of an old generation) neither fails nor marks the document, which
+    has moved on; a soft time limit still ends the task, as it did."""
+    kb = new_kb(registry, pii_policy="off")
+    ref = _waiting(registry, settings, kb, "after.txt")
+
+    def then_failing(
+        ctx: WorkerContext, items: list[tuple[Document, Any]]
+    ) -> list[StageResult | RaglineError]:
+        def fail() -> None:
+            raise error
+
+        return [replace(STAGES.functions[Stage.PARSE](ctx, doc, data), after=fail) for doc, data in items]
+
+    # Nothing chains, so parse's hand-over is written (and sent), then `after` runs.
+    stages = replace(STAGES, batches={**STAGES.batches, Stage.PARSE: then_failing}, chained=frozenset())
+    if isinstance(error, SoftTimeLimitExceeded):
+        with pytest.raises(SoftTimeLimitExceeded):
+            run_stage(services, ref, stages, 0)
+    else:
+        run_stage(services, ref, stages, 0)
+    doc = registry.require_doc(kb.tenant_id, kb.kb_id, ref.doc_id).doc
+    assert doc.status != DocStatus.FAILED
+    assert doc.stage != Stage.PARSE
+    assert doc.error is None
