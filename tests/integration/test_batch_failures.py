@@ -287,7 +287,7 @@ def test_an_error_after_the_hand_over_landed_leaves_the_document_where_it_moved(
 
         return [replace(STAGES.functions[Stage.PARSE](ctx, doc, data), after=fail) for doc, data in items]
 
-    # Nothing chains, so parse's hand-over is written (and sent), then `after` runs.
+    # Nothing chains, so parse's hand-over is written, then `after` runs (before the send).
     stages = replace(STAGES, batches={**STAGES.batches, Stage.PARSE: then_failing}, chained=frozenset())
     if isinstance(error, SoftTimeLimitExceeded):
         with pytest.raises(SoftTimeLimitExceeded):
